@@ -18,6 +18,8 @@ PACKAGES = (
     "jagent.models",
     "jagent.tokenizers",
     "jagent.transforms",
+    "jagent.rollout",
+    "jagent.train",
     "envs_jax",
 )
 
