@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jagent.models import _config
 from jagent.models import _transformer
@@ -45,6 +46,10 @@ class SamplingConfig:
     eos_ids: token ids that end a row (the id is kept in the output).
     stop_sequences: token id sequences that end a row when the generated
       tokens end with one (kept in the output).
+    stop_strings: texts that end a row as soon as the decoded reply contains
+      one (the token completing it is kept). Matched on UTF-8 bytes, so they
+      stop a row whatever tokens spelled them; :func:`generate` then needs the
+      tokenizer's ``token_table``.
 
   Raises:
     ValueError: from ``__post_init__``, naming the invalid field.
@@ -57,6 +62,7 @@ class SamplingConfig:
   greedy: bool = False
   eos_ids: tuple[int, ...] = ()
   stop_sequences: tuple[tuple[int, ...], ...] = ()
+  stop_strings: tuple[str, ...] = ()
 
   def __post_init__(self):
     def bad(field, why):
@@ -75,6 +81,10 @@ class SamplingConfig:
                        tuple(tuple(int(i) for i in s) for s in self.stop_sequences))
     if any(len(s) == 0 for s in self.stop_sequences):
       bad("stop_sequences", "must not contain an empty sequence")
+    if isinstance(self.stop_strings, str) or not all(
+        isinstance(s, str) and s for s in self.stop_strings):
+      bad("stop_strings", "must be a tuple of non-empty strings")
+    object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
 
 
 class GenerateOutput(NamedTuple):
@@ -83,7 +93,8 @@ class GenerateOutput(NamedTuple):
   logprobs: jax.Array  # shape=[B, N], dtype=float32; log pi_T(token), 0 after length
   sampling_logprobs: jax.Array  # shape=[B, N], dtype=float32; under the truncated dist.
   lengths: jax.Array  # shape=[B], dtype=int32; generated tokens per row (incl. stop)
-  stopped: jax.Array  # shape=[B], dtype=bool; ended on EOS / stop sequence (not length)
+  stopped: jax.Array  # shape=[B], dtype=bool; ended on EOS / stop sequence / string
+  eos: jax.Array  # shape=[B], dtype=bool; the last token is one of ``eos_ids``
   cache: _transformer.KVCache  # holds prompt and every generated token
 
 
@@ -155,15 +166,57 @@ def sample_logits(logits: jax.Array, key: jax.Array, sampling: SamplingConfig
 
 def _stops(gen, n, tok, sampling: SamplingConfig):
   """bool [B]: the row's generated tokens (tok just written at n - 1) end a row."""
-  hit = jnp.zeros(tok.shape, bool)
-  for e in sampling.eos_ids:
-    hit = hit | (tok == e)
+  hit = _is_eos(tok, sampling)
   for seq in sampling.stop_sequences:
     m = len(seq)
     idx = n[:, None] - m + jnp.arange(m, dtype=jnp.int32)[None]  # [B, m]
     got = jnp.take_along_axis(gen, jnp.clip(idx, 0, gen.shape[1] - 1), axis=1)
     hit = hit | ((n >= m) & jnp.all(got == jnp.asarray(seq, jnp.int32)[None], axis=1))
   return hit
+
+
+def _is_eos(tok, sampling: SamplingConfig):
+  """bool [B]: ``tok`` is one of the EOS ids."""
+  hit = jnp.zeros(tok.shape, bool)
+  for e in sampling.eos_ids:
+    hit = hit | (tok == e)
+  return hit
+
+
+def _string_stops(tail, tok, token_table, sampling: SamplingConfig):
+  """Appends the bytes of ``tok`` to each row's byte tail; finds stop strings.
+
+  Args:
+    tail: uint8 [B, K - 1], the last K - 1 reply bytes (K = longest stop
+      string), left-padded with zeros at the start of a reply.
+    tok: int32 [B] the tokens just sampled.
+    token_table: ``(table uint8 [V, W], lengths int32 [V])``.
+    sampling: the config holding ``stop_strings``.
+
+  Returns:
+    ``(hit bool [B], new_tail uint8 [B, K - 1])``: ``hit`` when a stop string
+    ends inside the new token's bytes.
+  """
+  table, table_len = token_table
+  b = tok.shape[0]
+  w = table.shape[1]
+  k1 = tail.shape[1]
+  new = jnp.asarray(table)[tok]  # [B, W]
+  n_new = jnp.asarray(table_len)[tok]  # [B]
+  window = jnp.concatenate([tail, new], axis=1)  # [B, K - 1 + W], valid K - 1 + n_new
+  valid = k1 + n_new
+  hit = jnp.zeros((b,), bool)
+  ends = np.arange(k1 + 1, k1 + w + 1)  # candidate exclusive end indices in the window
+  for text in sampling.stop_strings:
+    pat = np.frombuffer(text.encode("utf-8"), np.uint8)
+    m = pat.shape[0]
+    idx = np.clip(ends[:, None] - m + np.arange(m)[None], 0, k1 + w - 1)  # [W, m]
+    match = jnp.all(window[:, idx] == jnp.asarray(pat)[None, None], axis=2)  # [B, W]
+    ok = (ends[None] <= valid[:, None]) & (ends[None] >= m)
+    hit = hit | jnp.any(match & ok, axis=1)
+  idx = valid[:, None] - k1 + jnp.arange(k1, dtype=jnp.int32)[None]  # last K - 1 valid bytes
+  new_tail = jnp.take_along_axis(window, jnp.clip(idx, 0, k1 + w - 1), axis=1)
+  return hit, new_tail
 
 
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "cache_size"),
@@ -178,6 +231,8 @@ def generate(
     config: _config.ModelConfig,
     sampling: SamplingConfig,
     cache_size: int | None = None,
+    active: jax.typing.ArrayLike | None = None,
+    token_table: tuple[jax.typing.ArrayLike, jax.typing.ArrayLike] | None = None,
 ) -> GenerateOutput:
   """Generates up to ``sampling.max_new_tokens`` tokens per row, in one program.
 
@@ -189,7 +244,8 @@ def generate(
   Args:
     params: model parameters.
     prompt: int32 [B, P] new tokens per row, right-padded.
-    prompt_lengths: int32 [B] valid prompt tokens per row, each >= 1.
+    prompt_lengths: int32 [B] valid prompt tokens per row (>= 1 on active rows;
+      0 is allowed on inactive rows).
     key: PRNG key (ignored by greedy decoding).
     cache: optional KVCache from an earlier call or :func:`init_cache`
       (donated); it needs ``lengths + prompt_lengths + N <= S`` slots (writes
@@ -197,18 +253,29 @@ def generate(
     config: model config (static).
     sampling: SamplingConfig (static).
     cache_size: slots of the default cache (static; default P + N).
+    active: optional bool [B]; inactive rows (e.g. finished episodes)
+      generate nothing (length 0) but still get their prompt prefilled.
+    token_table: ``Tokenizer.token_bytes()`` (uint8 [V, W], int32 [V]);
+      required when ``sampling.stop_strings`` is set.
 
   Returns:
     GenerateOutput: tokens/logprobs [B, N], lengths [B], stopped [B] and the
     cache holding each row's prompt and all its generated tokens
     (``cache.lengths`` grows by ``prompt_lengths + lengths``).
     See the module docstring for the log-probability convention.
+
+  Raises:
+    ValueError: ``stop_strings`` without a ``token_table``.
   """
   c, sp = config, sampling
+  if sp.stop_strings and token_table is None:
+    raise ValueError(f"SamplingConfig.stop_strings={sp.stop_strings!r} needs the "
+                     "tokenizer's token_table (Tokenizer.token_bytes()).")
   prompt = jnp.asarray(prompt, jnp.int32)
   prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
   b, p = prompt.shape
   n_max = sp.max_new_tokens
+  active = jnp.ones((b,), bool) if active is None else jnp.asarray(active, bool)
   if cache is None:
     cache = _transformer.init_cache(c, b, cache_size or p + n_max)
   positions = cache.lengths[:, None] + jnp.arange(p, dtype=jnp.int32)[None]
@@ -216,38 +283,51 @@ def generate(
       params, prompt, positions, cache, config=c, num_tokens=prompt_lengths,
       logits_at=jnp.maximum(prompt_lengths - 1, 0))
   tok, lp, slp = sample_logits(logits, jax.random.fold_in(key, 0), sp)
+  tok = jnp.where(active, tok, c.pad_id)
   gen = jnp.full((b, n_max), c.pad_id, jnp.int32).at[:, 0].set(tok)
-  lps = jnp.zeros((b, n_max), jnp.float32).at[:, 0].set(lp)
-  slps = jnp.zeros((b, n_max), jnp.float32).at[:, 0].set(slp)
-  n = jnp.ones((b,), jnp.int32)
-  stopped = _stops(gen, n, tok, sp)
-  done = stopped | (n >= n_max)
-  pending = jnp.ones((b,), bool)
+  lps = jnp.zeros((b, n_max), jnp.float32).at[:, 0].set(jnp.where(active, lp, 0.0))
+  slps = jnp.zeros((b, n_max), jnp.float32).at[:, 0].set(jnp.where(active, slp, 0.0))
+  n = active.astype(jnp.int32)
+  stopped = active & _stops(gen, n, tok, sp)
+  tail = jnp.zeros((b, max([len(t.encode("utf-8")) for t in sp.stop_strings] + [1]) - 1),
+                   jnp.uint8)
+  if sp.stop_strings:
+    hit, tail = _string_stops(tail, tok, token_table, sp)
+    stopped = stopped | (active & hit)
+  done = ~active | stopped | (n >= n_max)
+  pending = active
   rows = jnp.arange(b)
 
   def cond(state):
-    i, *_, pending, _ = state
+    i, *_, pending, _, _ = state
     return (i < n_max) & jnp.any(pending)
 
   def body(state):
-    i, tok, gen, lps, slps, n, stopped, done, pending, cache = state
+    i, tok, gen, lps, slps, n, stopped, done, pending, tail, cache = state
     logits, cache = _transformer.apply(
         params, tok[:, None], cache.lengths[:, None], cache, config=c,
         num_tokens=pending.astype(jnp.int32))
     new, lp, slp = sample_logits(logits[:, 0], jax.random.fold_in(key, i + 1), sp)
-    active = ~done
-    col = jnp.where(active, n, n_max)  # out of range -> dropped
+    live = ~done
+    col = jnp.where(live, n, n_max)  # out of range -> dropped
     gen = gen.at[rows, col].set(new, mode="drop")
     lps = lps.at[rows, col].set(lp, mode="drop")
     slps = slps.at[rows, col].set(slp, mode="drop")
-    n = n + active.astype(jnp.int32)
-    hit = active & _stops(gen, n, new, sp)
+    n = n + live.astype(jnp.int32)
+    hit = _stops(gen, n, new, sp)
+    if sp.stop_strings:
+      shit, new_tail = _string_stops(tail, new, token_table, sp)
+      hit = hit | shit
+      tail = jnp.where(live[:, None], new_tail, tail)
+    hit = live & hit
     stopped = stopped | hit
     done = done | hit | (n >= n_max)
-    tok = jnp.where(active, new, tok)
-    return i + 1, tok, gen, lps, slps, n, stopped, done, active, cache
+    tok = jnp.where(live, new, tok)
+    return i + 1, tok, gen, lps, slps, n, stopped, done, live, tail, cache
 
-  state = (jnp.int32(0), tok, gen, lps, slps, n, stopped, done, pending, cache)
-  _, _, gen, lps, slps, n, stopped, _, _, cache = jax.lax.while_loop(cond, body, state)
+  state = (jnp.int32(0), tok, gen, lps, slps, n, stopped, done, pending, tail, cache)
+  _, _, gen, lps, slps, n, stopped, _, _, _, cache = jax.lax.while_loop(cond, body, state)
+  last = jnp.take_along_axis(gen, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
+  eos = (n > 0) & _is_eos(last, sp)
   return GenerateOutput(tokens=gen, logprobs=lps, sampling_logprobs=slps, lengths=n,
-                        stopped=stopped, cache=cache)
+                        stopped=stopped, eos=eos, cache=cache)

@@ -115,6 +115,49 @@ class SamplingTest(parameterized.TestCase):
     self.assertLessEqual(int(out.lengths[2]), 8)
     np.testing.assert_array_equal(out.cache.lengths, LENGTHS + out.lengths)
 
+  def test_stop_strings_end_rows_on_bytes(self):
+    # A byte table where each id spells a few letters, so strings span tokens.
+    rng = np.random.default_rng(1)
+    words = [bytes(int(c) for c in rng.choice(list(b"abc"), size=int(rng.integers(0, 4))))
+             for _ in range(CFG.vocab_size)]
+    table = np.zeros((CFG.vocab_size, 3), np.uint8)
+    for i, w in enumerate(words):
+      table[i, :len(w)] = list(w)
+    lens = np.array([len(w) for w in words], np.int32)
+    ref = self._generate(GREEDY)
+    toks = np.asarray(ref.tokens)
+    text1 = b"".join(words[t] for t in toks[1])
+    stop = (text1[len(text1) // 2 - 2:len(text1) // 2 + 2] or b"ab").decode()
+    sampling = models.SamplingConfig(max_new_tokens=N, greedy=True, stop_strings=(stop, "cc"))
+    out = models.generate(self.params, self.prompt, LENGTHS, jax.random.key(0), config=CFG,
+                          sampling=sampling, cache_size=W, token_table=(table, lens))
+    for b in range(B):
+      want, found = N, False
+      for i in range(N):  # first token after which the decoded reply contains a stop
+        text = b"".join(words[t] for t in toks[b, :i + 1])
+        if stop.encode() in text or b"cc" in text:
+          want, found = i + 1, True
+          break
+      self.assertEqual(int(out.lengths[b]), want, f"row {b}")
+      self.assertEqual(bool(out.stopped[b]), found)
+      np.testing.assert_array_equal(out.tokens[b, :want], toks[b, :want])
+    self.assertLess(int(out.lengths[1]), N)
+    with self.assertRaisesRegex(ValueError, "token_table"):
+      models.generate(self.params, self.prompt, LENGTHS, jax.random.key(0), config=CFG,
+                      sampling=sampling, cache_size=W)
+
+  def test_inactive_rows_generate_nothing(self):
+    ref = self._generate(GREEDY)
+    active = np.array([True, False, True, False])
+    out = models.generate(self.params, self.prompt, LENGTHS, jax.random.key(0), config=CFG,
+                          sampling=GREEDY, cache_size=W, active=active)
+    np.testing.assert_array_equal(out.lengths, np.where(active, N, 0))
+    np.testing.assert_array_equal(out.tokens[active], ref.tokens[active])
+    np.testing.assert_array_equal(out.tokens[~active], CFG.pad_id)
+    np.testing.assert_array_equal(out.logprobs[~active], 0.0)
+    np.testing.assert_array_equal(out.cache.lengths, LENGTHS + out.lengths)
+    self.assertFalse(np.any(out.stopped[~active]))
+
   def test_second_turn_prefills_only_new_tokens(self):
     first = self._generate(GREEDY)
     obs = np.zeros((B, P), np.int32)  # 3 new tokens per row, right-padded
@@ -174,7 +217,9 @@ class SamplingTest(parameterized.TestCase):
 
   @parameterized.parameters(
       ("temperature", 0.0), ("top_p", 0.0), ("top_k", -1), ("max_new_tokens", 0),
-      ("stop_sequences", ((),)))
+      ("stop_sequences", ((),)),
+      ("stop_strings", ("",)),
+      ("stop_strings", "</answer>"))
   def test_invalid_sampling_config(self, field, value):
     with self.assertRaisesRegex(ValueError, f"SamplingConfig.{field}="):
       models.SamplingConfig(**{field: value})
