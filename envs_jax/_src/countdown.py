@@ -668,7 +668,9 @@ def encode_answer(text: str | bytes, max_answer_bytes: int) -> np.ndarray:
 
 # --------------------------------------------------------------- rendering
 _DIGIT_SYMBOLS = tuple(str(d) for d in range(10))
-SYMBOLS = ("",) + _DIGIT_SYMBOLS + ("-", "Target", "nums", ":", ",", " ", "[", "]")
+# Multi-character pieces end at word boundaries ("Target: ", ", nums: [", ", ") so
+# that tokenizing them one by one agrees with tokenizing the whole text.
+SYMBOLS = ("",) + _DIGIT_SYMBOLS + ("-", "Target: ", ", nums: [", ", ", "]")
 _ID = {s: i for i, s in enumerate(SYMBOLS)}
 _INT_SLOTS = 11  # sign + 10 digits covers every int32
 _POW10 = np.array([10**k for k in range(9, -1, -1)], np.uint32)
@@ -760,7 +762,7 @@ class Countdown(environment.Environment[CountdownState, CountdownParams]):
   @property
   def render_length(self) -> int:
     """Length of :meth:`render_symbols` (fits any int32 numbers/target)."""
-    return 3 + _INT_SLOTS + 6 + MAX_NUMBERS * _INT_SLOTS + 2 * (MAX_NUMBERS - 1) + 1
+    return 1 + _INT_SLOTS + 1 + MAX_NUMBERS * _INT_SLOTS + (MAX_NUMBERS - 1) + 1
 
   def reset_env(self, key: jax.Array, params: CountdownParams):
     """Draws an instance with :func:`generate_instance`. Returns ``(obs, state)``.
@@ -814,14 +816,13 @@ class Countdown(environment.Environment[CountdownState, CountdownParams]):
     RAGEN's ``CountdownEnv.reset`` text ``f"Target: {target}, nums: {nums}"``
     (a Python list, so ``", "``-separated in brackets); padded with id 0.
     """
-    ids = [jnp.array([_ID["Target"], _ID[":"], _ID[" "]], jnp.int32),
+    ids = [jnp.array([_ID["Target: "]], jnp.int32),
            _int_symbols(state.target),
-           jnp.array([_ID[","], _ID[" "], _ID["nums"], _ID[":"], _ID[" "],
-                      _ID["["]], jnp.int32)]
+           jnp.array([_ID[", nums: ["]], jnp.int32)]
     for k in range(MAX_NUMBERS):
       shown = k < state.count
       if k > 0:
-        ids.append(jnp.where(shown, jnp.array([_ID[","], _ID[" "]], jnp.int32), -1))
+        ids.append(jnp.where(shown, jnp.array([_ID[", "]], jnp.int32), -1))
       ids.append(jnp.where(shown, _int_symbols(state.numbers[k]), -1))
     ids.append(jnp.array([_ID["]"]], jnp.int32))
     return _compact(jnp.concatenate(ids))

@@ -3,13 +3,41 @@
 Please don't use symbols in the ``_``-prefixed modules: they may change.
 """
 
+from jagent.rollout._host import host_rollout
+from jagent.rollout._host import HostEnv
+from jagent.rollout._host import HostStep
+from jagent.rollout._host import JaxEnvAsHost
 from jagent.rollout._parse import parse_reply
 from jagent.rollout._parse import parse_tokens
 from jagent.rollout._parse import ParsedReply
 from jagent.rollout._parse import ParseSpec
 from jagent.rollout._parse import reference_parse
+from jagent.rollout._rollout import context_size
+from jagent.rollout._rollout import make_rollout
+from jagent.rollout._rollout import RolloutConfig
+from jagent.rollout._text import Conversation
+from jagent.rollout._text import default_instructions
+from jagent.rollout._text import format_reward
+from jagent.rollout._text import PromptConfig
+from jagent.rollout._text import TextEnv
+from jagent.rollout._trajectory import END_REASONS
+from jagent.rollout._trajectory import Trajectory
 
 __all__ = (
+    "END_REASONS",
+    "Conversation",
+    "HostEnv",
+    "HostStep",
+    "JaxEnvAsHost",
+    "PromptConfig",
+    "RolloutConfig",
+    "TextEnv",
+    "Trajectory",
+    "context_size",
+    "default_instructions",
+    "format_reward",
+    "host_rollout",
+    "make_rollout",
     "ParseSpec",
     "ParsedReply",
     "parse_reply",

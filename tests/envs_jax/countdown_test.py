@@ -209,8 +209,8 @@ class RenderTest(parameterized.TestCase):
   def test_render_hand_written_ids(self):
     ids = np.asarray(_render(_state([12, 5, 3], 9)))
     sym = [ENV.symbols[i] for i in ids if i]
-    self.assertEqual(sym, ["Target", ":", " ", "9", ",", " ", "nums", ":", " ", "[",
-                           "1", "2", ",", " ", "5", ",", " ", "3", "]"])
+    self.assertEqual(sym, ["Target: ", "9", ", nums: [", "1", "2", ", ", "5", ", ", "3",
+                           "]"])
 
   def test_symbols(self):
     self.assertEqual(ENV.symbols[0], "")

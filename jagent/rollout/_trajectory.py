@@ -1,0 +1,139 @@
+"""The Trajectory pytree: what a rollout returns and training consumes.
+
+Rows are group-major: row ``b`` belongs to group ``b // G`` and all members of
+a group started from the same initial state. ``S`` is the context size (the
+whole conversation of one trajectory, padded), ``T`` the maximum number of
+assistant turns.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from jagent.transforms import _batch
+
+# Why an episode ended (``Trajectory.end_reason``).
+RUNNING = 0  # never left in a finished rollout
+TERMINATED = 1  # the environment reached a terminal state (goal, hole, solved, answered)
+ENV_TRUNCATED = 2  # the environment's own time limit
+ACTION_BUDGET = 3  # max_actions_per_traj environment actions were taken
+MAX_TURNS = 4  # max_turns assistant turns were used
+CONTEXT_OVERFLOW = 5  # the next turn (prompt + max reply) would not fit in S tokens
+END_REASONS = ("running", "terminated", "env_truncated", "action_budget", "max_turns",
+               "context_overflow")
+
+
+@flax.struct.dataclass
+class Trajectory:
+  """A batch of multi-turn trajectories, one token sequence per row.
+
+  Token layout per row: turn 1's prompt, reply 1, turn 2's prompt (end of
+  the assistant message, the reward and the next state, the assistant
+  header), reply 2, ... then padding. Only reply tokens, exactly as sampled
+  (the EOS token included when sampled), are trained (``loss_mask``).
+
+  Attributes:
+    tokens: int32 [B, S] token ids (pad id after ``length``).
+    loss_mask: bool [B, S], True on sampled tokens.
+    logprobs: float32 [B, S] sampler log-probabilities of the sampled tokens
+      (``log softmax(logits / temperature)``, before top-k/top-p truncation;
+      0 elsewhere). A full forward pass over ``tokens`` reproduces them.
+    turn_ids: int32 [B, S] 0-based turn of each sampled token, -1 elsewhere.
+    token_rewards: float32 [B, S] each turn's reward on its last sampled token.
+    length: int32 [B] tokens used.
+    turn_rewards: float32 [B, T] per-turn reward: environment rewards of the
+      turn's actions plus ``format_penalty`` when the reply was not valid.
+    scores: float32 [B] trajectory score = sum of ``turn_rewards``.
+    num_turns: int32 [B] assistant turns taken.
+    reply_lengths: int32 [B, T] sampled tokens per turn.
+    format_valid: bool [B, T] the turn's reply parsed and every kept action
+      was valid (False on turns not taken).
+    num_pieces, num_valid, num_executed, num_effective: int32 [B, T] per turn:
+      kept answer pieces, valid actions among them, actions executed in the
+      environment, and executed actions that changed the state.
+    anchor_hashes: int32 [B, T] hash of the environment's rendering at the
+      start of each turn (identical states share it; GiGPO's anchors).
+    num_actions: int32 [B] environment actions executed.
+    success: bool [B] the environment terminated the episode with success.
+    terminated: bool [B] the environment reached a terminal state.
+    truncated: bool [B] ended by a budget, the turn limit or overflow.
+    end_reason: int32 [B] one of the constants above (``END_REASONS``).
+    overflow: bool [B] ``end_reason == CONTEXT_OVERFLOW``.
+    group_ids: int32 [B] ``b // G``.
+    group_size: static int G.
+  """
+
+  tokens: jax.Array
+  loss_mask: jax.Array
+  logprobs: jax.Array
+  turn_ids: jax.Array
+  token_rewards: jax.Array
+  length: jax.Array
+  turn_rewards: jax.Array
+  scores: jax.Array
+  num_turns: jax.Array
+  reply_lengths: jax.Array
+  format_valid: jax.Array
+  num_pieces: jax.Array
+  num_valid: jax.Array
+  num_executed: jax.Array
+  num_effective: jax.Array
+  anchor_hashes: jax.Array
+  num_actions: jax.Array
+  success: jax.Array
+  terminated: jax.Array
+  truncated: jax.Array
+  end_reason: jax.Array
+  overflow: jax.Array
+  group_ids: jax.Array
+  group_size: int = flax.struct.field(pytree_node=False, default=1)
+
+  def to_batch(self) -> _batch.Batch:
+    """The :class:`jagent.transforms.Batch` that objectives consume.
+
+    Sampled-token fields map one to one; the trajectory score, termination
+    (truncated rows bootstrap in GAE), turn anchors and format validity are
+    carried over.
+    """
+    return _batch.Batch(
+        tokens=self.tokens, loss_mask=self.loss_mask, sampler_logprobs=self.logprobs,
+        rewards=self.token_rewards, scores=self.scores, terminated=self.terminated,
+        turn_ids=self.turn_ids, anchor_hashes=self.anchor_hashes,
+        format_valid=self.format_valid, group_size=self.group_size)
+
+  def metrics(self) -> dict[str, jax.Array]:
+    """Rollout diagnostics (float32 scalars), RAGEN's Echo Trap set included.
+
+    Keys: ``success``, ``pass_at_group`` (share of groups with a success),
+    ``score``, ``reward_std_in_group`` (mean over groups of the in-group std
+    of scores), ``turns``, ``actions``, ``reply_tokens``, ``valid_action_frac``
+    (valid / kept answer pieces), ``effective_action_frac`` (effective /
+    executed), ``format_valid_frac`` (over turns taken), ``overflow_frac``,
+    and ``end/<reason>`` shares.
+    """
+    g = self.group_size
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    taken = jnp.arange(self.turn_rewards.shape[1])[None] < self.num_turns[:, None]
+    scores = self.scores.reshape(-1, g)
+    out = {
+        "success": jnp.mean(f32(self.success)),
+        "pass_at_group": jnp.mean(f32(jnp.any(self.success.reshape(-1, g), axis=1))),
+        "score": jnp.mean(self.scores),
+        "reward_std_in_group": jnp.mean(jnp.std(scores, axis=1)),
+        "turns": jnp.mean(f32(self.num_turns)),
+        "actions": jnp.mean(f32(self.num_actions)),
+        "reply_tokens": jnp.sum(f32(self.loss_mask)) / jnp.maximum(
+            jnp.sum(f32(self.num_turns)), 1.0),
+        "valid_action_frac": jnp.sum(f32(self.num_valid)) / jnp.maximum(
+            jnp.sum(f32(self.num_pieces)), 1.0),
+        "effective_action_frac": jnp.sum(f32(self.num_effective)) / jnp.maximum(
+            jnp.sum(f32(self.num_executed)), 1.0),
+        "format_valid_frac": jnp.sum(f32(self.format_valid & taken)) / jnp.maximum(
+            jnp.sum(f32(taken)), 1.0),
+        "overflow_frac": jnp.mean(f32(self.overflow)),
+    }
+    for i, name in enumerate(END_REASONS[1:], start=1):
+      out[f"end/{name}"] = jnp.mean(f32(self.end_reason == i))
+    return out
