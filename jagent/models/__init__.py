@@ -31,6 +31,7 @@ from jagent.models._sampling import sample_logits
 from jagent.models._sampling import SamplingConfig
 from jagent.models._transformer import apply
 from jagent.models._transformer import cache_axes
+from jagent.models._transformer import hidden_states
 from jagent.models._transformer import init
 from jagent.models._transformer import init_cache
 from jagent.models._transformer import KVCache
@@ -54,6 +55,7 @@ __all__ = (
     "config_to_hf",
     "generate",
     "get_config",
+    "hidden_states",
     "init",
     "init_cache",
     "load_hf_checkpoint",

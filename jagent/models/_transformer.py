@@ -1,8 +1,9 @@
 """Decoder-only transformer (Qwen2 / Llama 3) as a pair of pure functions.
 
 ``init(config, key) -> Params`` and ``apply(params, tokens, positions, cache,
-config=...) -> (logits, cache)``. Parameters and the KV cache are
-``flax.struct.dataclass`` pytrees of plain arrays, so both functions work under
+config=...) -> (logits, cache)``, which is ``hidden_states`` (the trunk, also
+public for value heads) followed by ``output_logits``. Parameters and the KV cache
+are ``flax.struct.dataclass`` pytrees of plain arrays, so both functions work under
 ``jax.jit``, ``jax.grad``, ``jax.vmap`` and any sharding; ``param_axes`` and
 ``cache_axes`` return the same pytrees with a ``PartitionSpec`` of logical axis
 names in place of every array, for sharding by rules (``logical_sharding``).
@@ -261,7 +262,7 @@ def _attention(q_btkgh, k_bksh, v_bksh, mask_bts, dtype):
                     ).astype(dtype)
 
 
-def apply(
+def hidden_states(
     params: Params,
     tokens: jax.typing.ArrayLike,
     positions: jax.typing.ArrayLike,
@@ -270,38 +271,27 @@ def apply(
     config: ModelConfig,
     num_tokens: jax.typing.ArrayLike | None = None,
     attention_mask: jax.typing.ArrayLike | None = None,
-    logits_at: jax.typing.ArrayLike | None = None,
 ) -> tuple[jax.Array, KVCache | None]:
-  """Forward pass: logits of the next token after each input token.
+  """The decoder trunk: final hidden states after the final RMSNorm.
 
-  Without a cache, a causal forward over ``tokens`` (key t' visible to query t
-  iff t' <= t and ``attention_mask[b, t']``). With a cache, token t of row b is
-  written to slot ``cache.lengths[b] + t`` and attends to slots
-  ``<= cache.lengths[b] + t``; this one path does both a multi-token prefill
-  into an existing cache (a later turn prefills only its new tokens) and a
-  single-token decode step (T = 1). Rows may carry fewer valid tokens than T
-  (right padding, ``num_tokens``): their padded positions produce unused
-  logits and write slots that the next call overwrites.
+  Everything :func:`apply` computes except the output projection, so a value
+  head or any other readout can share one forward pass with the policy
+  (``apply`` is exactly ``hidden_states`` followed by the tied or untied
+  projection to the vocabulary). Masking, caching and padding rules are those
+  of :func:`apply`.
 
   Args:
     params: from :func:`init` or a checkpoint loader.
     tokens: int32 [B, T] token ids.
-    positions: int32 [B, T] RoPE positions (normally ``cache.lengths[:, None]
-      + arange(T)``, or ``arange(T)`` without a cache).
-    cache: optional ``KVCache`` with S >= max(lengths + T) slots; slots past S
-      are dropped, so size it for prompt plus generation.
+    positions: int32 [B, T] RoPE positions.
+    cache: optional ``KVCache`` (see :func:`apply`).
     config: the model config (static under jit).
-    num_tokens: optional int32 [B], valid tokens per row (default T); the
-      returned cache has ``lengths + num_tokens``. Only used with a cache.
-    attention_mask: optional bool [B, T] key validity (e.g. left padding);
-      only used without a cache.
-    logits_at: optional int32 [B]; if given, return logits only at token
-      index ``logits_at[b]`` of each row ([B, V]), skipping the output
-      projection elsewhere (e.g. the last prompt token of a prefill).
+    num_tokens: optional int32 [B], valid tokens per row (with a cache only).
+    attention_mask: optional bool [B, T] key validity (without a cache only).
 
   Returns:
-    ``(logits, cache)``: float32 logits [B, T, V] (or [B, V] with
-    ``logits_at``) and the updated cache (None without one).
+    ``(h, cache)``: hidden states [B, T, D] in ``config.dtype`` after the
+    final RMSNorm, and the updated cache (None without one).
 
   Raises:
     ValueError: tokens/positions not rank 2 or of different shapes.
@@ -310,8 +300,8 @@ def apply(
   tokens = jnp.asarray(tokens, jnp.int32)
   positions = jnp.asarray(positions, jnp.int32)
   if tokens.ndim != 2 or positions.shape != tokens.shape:
-    raise ValueError(f"apply needs tokens and positions of one shape [B, T]; got "
-                     f"{tokens.shape} and {positions.shape}")
+    raise ValueError(f"apply/hidden_states need tokens and positions of one shape "
+                     f"[B, T]; got {tokens.shape} and {positions.shape}")
   b, t = tokens.shape
   dt = c.jnp_dtype
   g = c.num_heads // c.num_kv_heads
@@ -363,16 +353,74 @@ def apply(
     x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, lp.w_down.astype(dt))
 
   x = _rms_norm(x, params.final_norm, c.norm_eps)
+  if cache is None:
+    return x, None
+  n = jnp.full((b,), t, jnp.int32) if num_tokens is None else jnp.asarray(num_tokens, jnp.int32)
+  return x, KVCache(k=tuple(new_k), v=tuple(new_v), lengths=cache.lengths + n)
+
+
+def output_logits(params: Params, h: jax.Array, config: ModelConfig) -> jax.Array:
+  """float32 logits ``[..., V]`` of hidden states ``h [..., D]`` (tied or untied head).
+
+  The output projection of :func:`apply`: ``h @ embed.T`` with tied
+  embeddings, else ``h @ lm_head``; accumulated in float32.
+  """
+  dt = config.jnp_dtype
+  if params.lm_head is None:
+    return jnp.einsum("...d,vd->...v", h, params.embed.astype(dt),
+                      preferred_element_type=jnp.float32)
+  return jnp.einsum("...d,dv->...v", h, params.lm_head.astype(dt),
+                    preferred_element_type=jnp.float32)
+
+
+def apply(
+    params: Params,
+    tokens: jax.typing.ArrayLike,
+    positions: jax.typing.ArrayLike,
+    cache: KVCache | None = None,
+    *,
+    config: ModelConfig,
+    num_tokens: jax.typing.ArrayLike | None = None,
+    attention_mask: jax.typing.ArrayLike | None = None,
+    logits_at: jax.typing.ArrayLike | None = None,
+) -> tuple[jax.Array, KVCache | None]:
+  """Forward pass: logits of the next token after each input token.
+
+  Without a cache, a causal forward over ``tokens`` (key t' visible to query t
+  iff t' <= t and ``attention_mask[b, t']``). With a cache, token t of row b is
+  written to slot ``cache.lengths[b] + t`` and attends to slots
+  ``<= cache.lengths[b] + t``; this one path does both a multi-token prefill
+  into an existing cache (a later turn prefills only its new tokens) and a
+  single-token decode step (T = 1). Rows may carry fewer valid tokens than T
+  (right padding, ``num_tokens``): their padded positions produce unused
+  logits and write slots that the next call overwrites.
+
+  Args:
+    params: from :func:`init` or a checkpoint loader.
+    tokens: int32 [B, T] token ids.
+    positions: int32 [B, T] RoPE positions (normally ``cache.lengths[:, None]
+      + arange(T)``, or ``arange(T)`` without a cache).
+    cache: optional ``KVCache`` with S >= max(lengths + T) slots; slots past S
+      are dropped, so size it for prompt plus generation.
+    config: the model config (static under jit).
+    num_tokens: optional int32 [B], valid tokens per row (default T); the
+      returned cache has ``lengths + num_tokens``. Only used with a cache.
+    attention_mask: optional bool [B, T] key validity (e.g. left padding);
+      only used without a cache.
+    logits_at: optional int32 [B]; if given, return logits only at token
+      index ``logits_at[b]`` of each row ([B, V]), skipping the output
+      projection elsewhere (e.g. the last prompt token of a prefill).
+
+  Returns:
+    ``(logits, cache)``: float32 logits [B, T, V] (or [B, V] with
+    ``logits_at``) and the updated cache (None without one).
+
+  Raises:
+    ValueError: tokens/positions not rank 2 or of different shapes.
+  """
+  x, cache = hidden_states(params, tokens, positions, cache, config=config,
+                           num_tokens=num_tokens, attention_mask=attention_mask)
   if logits_at is not None:
     idx = jnp.asarray(logits_at, jnp.int32)
     x = jnp.take_along_axis(x, idx[:, None, None], axis=1)[:, 0]  # [B, D]
-  if params.lm_head is None:
-    logits = jnp.einsum("...d,vd->...v", x, params.embed.astype(dt),
-                        preferred_element_type=jnp.float32)
-  else:
-    logits = jnp.einsum("...d,dv->...v", x, params.lm_head.astype(dt),
-                        preferred_element_type=jnp.float32)
-  if cache is None:
-    return logits, None
-  n = jnp.full((b,), t, jnp.int32) if num_tokens is None else jnp.asarray(num_tokens, jnp.int32)
-  return logits, KVCache(k=tuple(new_k), v=tuple(new_v), lengths=cache.lengths + n)
+  return output_logits(params, x, config), cache

@@ -1,0 +1,170 @@
+"""Checkpoints of the whole train state (orbax) and policy export (Hugging Face)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from jagent import models
+from jagent._src.types import PyTree
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+def _abstract(target: PyTree) -> PyTree:
+  """``ShapeDtypeStruct`` leaves (keeping shardings) for a concrete or abstract tree."""
+
+  def leaf(x):
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return x
+    return jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                sharding=getattr(x, "sharding", None))
+
+  return jax.tree.map(leaf, target)
+
+
+class Checkpointer:
+  """Saves and restores a :class:`jagent.train.TrainState` plus JSON metadata.
+
+  Wraps ``orbax.checkpoint.CheckpointManager`` (orbax-checkpoint 0.12.8) on
+  ``<workdir>/checkpoints/<step>/`` with two items: ``state`` (the pytree,
+  ``StandardSave``) and ``meta`` (a JSON dict of host data: data position,
+  config, seeds). Each save is written to a temporary directory and renamed
+  when complete, so an interrupted save never replaces or corrupts the last
+  good checkpoint; leftover temporary directories are not listed as steps.
+  Only the newest ``keep`` checkpoints are kept. Saves run asynchronously
+  (``async_save``) and :meth:`wait` blocks until they are on disk; every
+  reading method waits first.
+
+  Restore needs a target (a state of the right structure, or its
+  ``jax.eval_shape``): without one orbax turns optax's NamedTuples into
+  lists (shared/STACK.md). Shardings of the target's leaves are honoured, so
+  a run can resume on another mesh.
+
+  Example::
+
+    ckpt = train.Checkpointer(workdir, keep=3)
+    ckpt.save(int(state.step), state, {"data_position": 128})
+    ...
+    state, meta = ckpt.restore(jax.eval_shape(lambda: fresh_state))
+
+  Args:
+    workdir: the run directory (created if missing).
+    keep: checkpoints to keep (>= 1).
+    async_save: write in a background thread.
+
+  Raises:
+    ValueError: for ``keep < 1``.
+  """
+
+  def __init__(self, workdir: str, *, keep: int = 3, async_save: bool = True):
+    if not isinstance(keep, int) or keep < 1:
+      raise ValueError(f"keep must be an int >= 1; got {keep!r}.")
+    self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, create=True, enable_async_checkpointing=async_save)
+    self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def save(self, step: int, state: PyTree,
+           metadata: dict[str, Any] | None = None) -> bool:
+    """Starts saving ``state`` and ``metadata`` as checkpoint ``step``.
+
+    Args:
+      step: the step number (Python int >= 0, increasing).
+      state: the train state pytree.
+      metadata: a JSON-serialisable dict (default ``{}``).
+
+    Returns:
+      True if a save was started.
+
+    Raises:
+      ValueError: for a negative or non-int step.
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+      raise ValueError(f"step must be an int >= 0; got {step!r}.")
+    args = ocp.args.Composite(state=ocp.args.StandardSave(state),
+                              meta=ocp.args.JsonSave(dict(metadata or {})))
+    return self._manager.save(step, args=args, force=True)
+
+  def wait(self) -> None:
+    """Blocks until pending saves are complete."""
+    self._manager.wait_until_finished()
+
+  def all_steps(self) -> list[int]:
+    """Steps of the complete checkpoints on disk, ascending."""
+    self.wait()
+    self._manager.reload()
+    return sorted(self._manager.all_steps())
+
+  def latest_step(self) -> int | None:
+    """The newest complete checkpoint's step, or None if there is none."""
+    steps = self.all_steps()
+    return steps[-1] if steps else None
+
+  def _step(self, step):
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise ValueError(f"no checkpoint in {self.directory}.")
+    if step not in self.all_steps():
+      raise ValueError(f"no checkpoint for step {step} in {self.directory}; "
+                       f"have {self.all_steps()}.")
+    return step
+
+  def restore(self, target: PyTree, step: int | None = None
+              ) -> tuple[PyTree, dict[str, Any]]:
+    """Restores checkpoint ``step`` (default: the latest) onto ``target``.
+
+    Args:
+      target: a state of the saved structure, concrete or from
+        ``jax.eval_shape`` (leaves' shapes, dtypes and shardings are used).
+      step: the step to restore, or None for the latest.
+
+    Returns:
+      ``(state, metadata)``.
+
+    Raises:
+      ValueError: if there is no such checkpoint.
+    """
+    step = self._step(step)
+    args = ocp.args.Composite(state=ocp.args.StandardRestore(_abstract(target)),
+                              meta=ocp.args.JsonRestore())
+    out = self._manager.restore(step, args=args)
+    return out.state, dict(out.meta)
+
+  def restore_metadata(self, step: int | None = None) -> dict[str, Any]:
+    """Only the JSON metadata of checkpoint ``step`` (default: the latest).
+
+    Raises:
+      ValueError: if there is no such checkpoint.
+    """
+    step = self._step(step)
+    out = self._manager.restore(
+        step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return dict(out.meta)
+
+  def close(self) -> None:
+    """Waits for pending saves and releases the manager."""
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+
+def export_policy(params: models.Params, config: models.ModelConfig,
+                  path: str) -> None:
+  """Writes the policy as a Hugging Face checkpoint directory.
+
+  Delegates to :func:`jagent.models.save_hf_checkpoint` (``config.json`` +
+  ``model.safetensors``), loadable with :func:`jagent.models.load_hf_checkpoint`
+  or ``transformers``.
+
+  Args:
+    params: policy parameters (e.g. ``state.params``).
+    config: their model config.
+    path: output directory (created).
+
+  Raises:
+    ValueError: params whose shapes disagree with ``config``.
+  """
+  models.save_hf_checkpoint(params, config, path)

@@ -1,0 +1,143 @@
+"""Per-token log-probabilities and entropies of a policy, for the losses.
+
+Alignment (the convention of :class:`jagent.transforms.Batch`): position ``s``
+of the outputs belongs to token ``s`` of the input, i.e. to the distribution
+that produced it, which is the model's prediction after tokens ``< s``. So a
+``loss_mask`` that is 1 on the sampled tokens selects exactly their
+log-probabilities; position 0 (no context) is 0.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jagent import losses
+from jagent import models
+from jagent._src.types import Array
+from jagent._src.types import ArrayLike
+from jagent.models import _transformer
+
+
+class LogprobsOutput(NamedTuple):
+  """What :func:`token_logprobs` returns.
+
+  Attributes:
+    logprobs: float32 ``[B, S]``, ``log pi_T(tokens[b, s] | tokens[b, :s])``;
+      0 at ``s = 0``.
+    entropy: float32 ``[B, S]`` entropy (nats) of the tempered distribution
+      that produced token ``s`` (0 at ``s = 0``), or None when not requested.
+  """
+  logprobs: Array
+  entropy: Array | None = None
+
+
+def check_temperature(temperature: float) -> float:
+  """Returns ``temperature`` as a float; ValueError unless finite and > 0."""
+  t = float(temperature)
+  if not (t > 0 and math.isfinite(t)):
+    raise ValueError(f"temperature must be a positive finite float; got "
+                     f"{temperature!r}.")
+  return t
+
+
+def default_positions(tokens: Array) -> Array:
+  """int32 ``[B, S]`` RoPE positions ``0 .. S-1`` (slot = position)."""
+  b, s = tokens.shape
+  return jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32)[None], (b, s))
+
+
+def logprobs_from_hidden(params: models.Params, h_bsd: Array, tokens: Array, *,
+                         config: models.ModelConfig, temperature: float,
+                         with_entropy: bool) -> LogprobsOutput:
+  """Log-probs (and entropies) of ``tokens`` from the trunk's hidden states.
+
+  Projects ``h[:, :-1]`` (the positions that predict tokens ``1..S-1``) to
+  float32 logits ``[B, S-1, V]``, divides by the temperature and reads
+  ``z[token] - logsumexp(z)`` (no full log-softmax array is kept beyond the
+  logits themselves), then pads position 0 with 0.
+
+  Args:
+    params: policy parameters (for the output projection).
+    h_bsd: ``[B, S, D]`` from :func:`jagent.models.hidden_states`.
+    tokens: int32 ``[B, S]``.
+    config: the model config.
+    temperature: the logits temperature (> 0).
+    with_entropy: also return per-position entropies.
+
+  Returns:
+    :class:`LogprobsOutput`.
+  """
+  z = _transformer.output_logits(params, h_bsd[:, :-1], config)  # [B, S-1, V]
+  if temperature != 1.0:
+    z = z / jnp.float32(temperature)
+  lse = jax.nn.logsumexp(z, axis=-1)
+  target = jnp.take_along_axis(z, tokens[:, 1:, None], axis=-1)[..., 0]
+  pad = ((0, 0), (1, 0))
+  logprobs = jnp.pad(target - lse, pad)
+  entropy = None
+  if with_entropy:
+    entropy = jnp.pad(losses.entropy_from_logits(z), pad)
+  return LogprobsOutput(logprobs, entropy)
+
+
+def token_logprobs(params: models.Params, tokens: ArrayLike, *,
+                   config: models.ModelConfig, temperature: float = 1.0,
+                   attention_mask: ArrayLike | None = None,
+                   positions: ArrayLike | None = None,
+                   with_entropy: bool = False) -> LogprobsOutput:
+  r"""Per-token log-probs of ``tokens`` under the policy, one causal forward.
+
+  :math:`\log\pi_T(x_s \mid x_{<s}) = z_{s-1}[x_s] / T - \log\sum_v
+  e^{z_{s-1}[v] / T}` where :math:`z_{s-1}` are the logits after token
+  :math:`s-1`; 0 at :math:`s = 0`. This is the sampler's convention
+  (:func:`jagent.models.generate` reports ``log softmax(logits / T)`` before
+  top-k/top-p), so with the rollout's temperature the PPO ratio is exactly 1
+  on-policy. No KV cache; tokens are laid out with token ``s`` at RoPE
+  position ``s`` (right padding needs no mask: causal attention never reads
+  it).
+
+  Memory: the float32 logits ``[B, S-1, V]`` are materialised (fine for small
+  models and micro-batches; at large vocabularies split the batch, as
+  :func:`jagent.train.train_step` does with micro-batches).
+
+  Args:
+    params: policy parameters.
+    tokens: int32 ``[B, S]`` token ids.
+    config: the model config (static under jit).
+    temperature: logits temperature > 0 (the rollout's sampling temperature).
+    attention_mask: optional bool ``[B, S]`` key validity (left padding).
+    positions: optional int32 ``[B, S]`` RoPE positions (default
+      ``0 .. S-1``; left-padded rows need their own).
+    with_entropy: also return entropies ``[B, S]``.
+
+  Returns:
+    :class:`LogprobsOutput` of float32 ``[B, S]`` arrays.
+
+  Raises:
+    ValueError: ``tokens`` not rank 2 or ``S < 2``, or a bad temperature.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp
+    >>> from jagent import models, train
+    >>> cfg = models.get_config("tiny")
+    >>> params = models.init(cfg, jax.random.key(0))
+    >>> out = train.token_logprobs(params, jnp.array([[5, 7, 9]]), config=cfg)
+    >>> out.logprobs.shape, float(out.logprobs[0, 0])
+    ((1, 3), 0.0)
+  """
+  temperature = check_temperature(temperature)
+  tokens = jnp.asarray(tokens, jnp.int32)
+  if tokens.ndim != 2 or tokens.shape[1] < 2:
+    raise ValueError(f"token_logprobs needs tokens [B, S] with S >= 2; got "
+                     f"shape {tokens.shape}.")
+  pos = default_positions(tokens) if positions is None else positions
+  h, _ = models.hidden_states(params, tokens, pos, config=config,
+                              attention_mask=attention_mask)
+  return logprobs_from_hidden(params, h, tokens, config=config,
+                              temperature=temperature,
+                              with_entropy=with_entropy)

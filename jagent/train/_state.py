@@ -1,0 +1,247 @@
+"""The train configuration, the train state pytree and how to build it."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from jagent import models
+from jagent import transforms
+from jagent._src.types import Array
+from jagent._src.types import PyTree
+from jagent.train import _critic
+from jagent.train import _optim
+from jagent.transforms import _aliases
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Static settings of :func:`train_step` / :func:`sft_step` (hashable).
+
+  One RL step makes ``ppo_epochs * num_minibatches`` optimizer updates; each
+  minibatch of ``B / num_minibatches`` rows is split into
+  ``num_microbatches`` micro-batches whose gradients are accumulated exactly.
+  RAGEN v1: 128 trajectories, minibatch 32 (``num_minibatches=4``), 1 epoch.
+
+  Attributes:
+    model: the policy's :class:`jagent.models.ModelConfig` (also the
+      ``"model"`` critic's trunk).
+    actor_optimizer: the policy's optimizer (RAGEN: lr 1e-6).
+    critic_optimizer: the critic's optimizer (RAGEN: lr 1e-5).
+    temperature: logits temperature of every log-prob the step computes; it
+      must equal the rollout's sampling temperature so that the PPO ratio is
+      exactly 1 on-policy (RAGEN: 1.0).
+    ppo_epochs: passes over the batch per step (>= 1).
+    num_minibatches: optimizer updates per epoch; must divide B.
+    num_microbatches: gradient-accumulation chunks per minibatch; must divide
+      the minibatch rows. Also the chunk count of the no-grad forward.
+    shuffle_minibatches: permute rows (with the state's rng) before each
+      epoch's split into minibatches; False keeps batch order (verl's
+      ``shuffle: false`` default). Rows dropped by a rollout filter are
+      masked, not removed: they still cost compute, and a minibatch with no
+      trained token is skipped (no optimizer step, counted as empty). RAGEN
+      removes filtered rows instead, so its kept rows fill fewer, full
+      minibatches; here they stay where they were.
+
+  Raises:
+    ValueError: from ``__post_init__``, naming the bad field.
+  """
+  model: models.ModelConfig
+  actor_optimizer: _optim.OptimizerConfig = _optim.OptimizerConfig(
+      learning_rate=1e-6)
+  critic_optimizer: _optim.OptimizerConfig = _optim.OptimizerConfig(
+      learning_rate=1e-5)
+  temperature: float = 1.0
+  ppo_epochs: int = 1
+  num_minibatches: int = 1
+  num_microbatches: int = 1
+  shuffle_minibatches: bool = False
+
+  def __post_init__(self):
+    def bad(field, why):
+      raise ValueError(f"TrainConfig.{field}={getattr(self, field)!r}: {why}")
+
+    if not isinstance(self.model, models.ModelConfig):
+      bad("model", "must be a jagent.models.ModelConfig")
+    for f in ("actor_optimizer", "critic_optimizer"):
+      if not isinstance(getattr(self, f), _optim.OptimizerConfig):
+        bad(f, "must be an OptimizerConfig")
+    if not (self.temperature > 0 and math.isfinite(self.temperature)):
+      bad("temperature", "must be a positive finite float")
+    for f in ("ppo_epochs", "num_minibatches", "num_microbatches"):
+      v = getattr(self, f)
+      if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        bad(f, "must be an int >= 1")
+
+  def replace(self, **changes) -> "TrainConfig":
+    """A copy with ``changes`` applied (validated again)."""
+    return dataclasses.replace(self, **changes)
+
+
+@struct.dataclass
+class TrainState:
+  """Everything a run carries between steps (a pytree; checkpointed whole).
+
+  ``critic_params``/``critic_opt_state`` are None without a critic and
+  ``ref_params`` is None without a reference policy; the train step branches
+  on that (statically: a different tree structure is a different program).
+  """
+  step: Array  # shape=[], dtype=int32: completed train_step / sft_step calls
+  params: models.Params  # the policy
+  opt_state: optax.OptState  # make_optimizer(config.actor_optimizer) state
+  critic_params: _critic.CriticParams | None
+  critic_opt_state: optax.OptState | None  # make_optimizer(config.critic_optimizer)
+  ref_params: models.Params | None  # frozen reference policy (KL terms)
+  objective_state: PyTree  # the Objective's transform state (() for none)
+  rng: Array  # shape=[2], dtype=uint32: raw threefry key data (shuffling)
+  num_updates: Array  # shape=[], dtype=int32: optimizer updates applied
+  skipped_nonfinite: Array  # shape=[], dtype=int32: updates skipped, non-finite loss/grads
+  skipped_empty: Array  # shape=[], dtype=int32: updates skipped, nothing to train
+
+
+def _raw_key(key) -> Array:
+  key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    return jax.random.key_data(key)
+  if key.dtype != jnp.uint32 or key.shape != (2,):
+    raise ValueError(f"key must be a jax.random.key or a uint32 [2] raw key; "
+                     f"got dtype {key.dtype}, shape {key.shape}.")
+  return key
+
+
+def state_key(state: TrainState) -> Array:
+  """The state's rng as a typed PRNG key."""
+  return jax.random.wrap_key_data(state.rng)
+
+
+def init_train_state(params: models.Params, key: jax.Array, *,
+                     config: TrainConfig, critic: str | None = None,
+                     critic_params: _critic.CriticParams | None = None,
+                     reference: bool = False,
+                     objective: transforms.Objective | None = None,
+                     batch: transforms.Batch | None = None) -> TrainState:
+  """Builds the initial :class:`TrainState`.
+
+  Optimizer states are created under ``jax.jit`` (so their scalar counters
+  are placed like the parameters; see shared/STACK.md).
+
+  Args:
+    params: initial policy parameters (e.g. an SFT checkpoint).
+    key: PRNG key (typed or raw uint32 [2]); split for the critic and the
+      state's rng.
+    config: the :class:`TrainConfig`.
+    critic: None (no critic), ``"head"`` or ``"model"`` (see
+      :func:`jagent.train.init_critic`; a ``"model"`` trunk copies
+      ``params``). Use :func:`objective_needs` to decide.
+    critic_params: explicit critic parameters (overrides ``critic``).
+    reference: keep a frozen copy of ``params`` as the reference policy
+      (needed by KL terms and KL-in-reward stages).
+    objective: the Objective; its transform state is initialised from
+      ``batch`` (or an empty Batch, enough for the built-in stages).
+    batch: example or spec batch for ``objective.init``.
+
+  Returns:
+    a :class:`TrainState` at step 0.
+
+  Raises:
+    ValueError: for a bad key or critic kind.
+  """
+  raw = _raw_key(key)
+  k_critic, k_state = jax.random.split(jax.random.wrap_key_data(raw))
+  if critic_params is None and critic is not None:
+    critic_params = _critic.init_critic(config.model, k_critic, kind=critic,
+                                        policy_params=params)
+  actor_tx = _optim.make_optimizer(config.actor_optimizer)
+  opt_state = jax.jit(actor_tx.init)(params)
+  critic_opt_state = None
+  if critic_params is not None:
+    critic_tx = _optim.make_optimizer(config.critic_optimizer)
+    critic_opt_state = jax.jit(critic_tx.init)(critic_params)
+  ref_params = jax.tree.map(jnp.copy, params) if reference else None
+  obj_state = ()
+  if objective is not None:
+    obj_state = objective.init(transforms.Batch() if batch is None else batch)
+  zero = jnp.zeros((), jnp.int32)
+  return TrainState(
+      step=zero, params=params, opt_state=opt_state,
+      critic_params=critic_params, critic_opt_state=critic_opt_state,
+      ref_params=ref_params, objective_state=obj_state,
+      rng=jax.random.key_data(k_state), num_updates=zero,
+      skipped_nonfinite=zero, skipped_empty=zero)
+
+
+class ObjectiveNeeds(NamedTuple):
+  """What a named objective needs besides the policy.
+
+  Attributes:
+    critic: a value function (GAE advantages and a value loss).
+    reference: a frozen reference policy (KL loss or KL-in-reward).
+  """
+  critic: bool
+  reference: bool
+
+
+_ALIASES = {
+    "ppo": transforms.ppo, "grpo": transforms.grpo,
+    "dr_grpo": transforms.dr_grpo, "dapo": transforms.dapo,
+    "rloo": transforms.rloo, "reinforce_pp": transforms.reinforce_pp,
+    "gigpo": transforms.gigpo, "starpo": transforms.starpo,
+    "starpo_s": transforms.starpo_s,
+}
+
+
+def objective_needs(name: str, **kwargs: Any) -> ObjectiveNeeds:
+  """Whether the built-in objective ``name`` with ``kwargs`` needs a critic / reference.
+
+  An :class:`jagent.transforms.Objective` does not say what it reads, so this
+  decides from the alias name and its hyperparameters (defaults included):
+  a critic for ``ppo`` and for ``starpo``/``starpo_s`` with a GAE advantage
+  (or an explicit ``critic=True``); a reference when ``kl_coef > 0`` (or
+  ``kl_reward_coef > 0`` for ``reinforce_pp``).
+
+  Args:
+    name: a built-in objective name (``transforms.registered()``).
+    **kwargs: the hyperparameters passed to ``transforms.make(name, ...)``.
+
+  Returns:
+    :class:`ObjectiveNeeds`.
+
+  Raises:
+    ValueError: for a name that is not a built-in alias (decide by hand) or
+      keyword arguments the alias does not take.
+
+  Example::
+
+    >>> from jagent import train
+    >>> train.objective_needs("starpo_s")
+    ObjectiveNeeds(critic=True, reference=False)
+    >>> train.objective_needs("grpo")
+    ObjectiveNeeds(critic=False, reference=True)
+  """
+  if name not in _ALIASES:
+    raise ValueError(f"objective_needs knows the built-in objectives "
+                     f"{sorted(_ALIASES)}; got {name!r}: pass critic= and "
+                     f"reference= to init_train_state yourself.")
+  try:
+    bound = inspect.signature(_ALIASES[name]).bind(**kwargs)
+  except TypeError as e:
+    raise ValueError(f"objective {name!r}: {e}.") from e
+  bound.apply_defaults()
+  args = bound.arguments
+  if name == "ppo":
+    critic = True
+  elif name in ("starpo", "starpo_s"):
+    critic = (bool(args["critic"]) if args["critic"] is not None else
+              isinstance(args["advantage"], str)
+              and args["advantage"] in _aliases.CRITIC_ESTIMATORS)
+  else:
+    critic = False
+  coef = args.get("kl_reward_coef", args.get("kl_coef", 0.0))
+  return ObjectiveNeeds(critic=critic, reference=bool(coef))

@@ -1,0 +1,102 @@
+"""token_logprobs: hand-computed values, alignment, and agreement with the sampler."""
+
+from absl.testing import absltest
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jagent import models
+from jagent import train
+
+TINY = models.get_config("tiny")
+
+
+def _zero_layers(params):
+  """Every layer weight zero: attention and MLP add nothing to the residual."""
+  layers = tuple(jax.tree.map(jnp.zeros_like, lp) for lp in params.layers)
+  return params.replace(layers=layers)
+
+
+class TokenLogprobsTest(chex.TestCase):
+
+  def test_two_token_hand_check(self):
+    # With zero layer weights the trunk is rms_norm(embed[token]) (final norm
+    # scale 1) and the tied head gives logits = E h.
+    cfg = models.ModelConfig(vocab_size=7, embed_dim=4, num_layers=1,
+                             num_heads=2, num_kv_heads=1, head_dim=2,
+                             mlp_dim=8)
+    params = _zero_layers(models.init(cfg, jax.random.key(3)))
+    emb = np.asarray(params.embed, np.float64) * 50.0  # spread the logits
+    params = params.replace(embed=jnp.asarray(emb, jnp.float32))
+    t0, t1, temp = 3, 5, 0.7
+    e = emb[t0]
+    h = e / np.sqrt(np.mean(e * e) + cfg.norm_eps)
+    z = (emb @ h) / temp
+    logp = z - np.log(np.sum(np.exp(z - z.max()))) - z.max()
+    want_lp = logp[t1]
+    want_ent = -np.sum(np.exp(logp) * logp)
+    out = train.token_logprobs(params, jnp.array([[t0, t1]]), config=cfg,
+                               temperature=temp, with_entropy=True)
+    chex.assert_shape((out.logprobs, out.entropy), (1, 2))
+    np.testing.assert_allclose(np.asarray(out.logprobs),
+                               [[0.0, want_lp]], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(out.entropy),
+                               [[0.0, want_ent]], rtol=1e-5, atol=1e-6)
+    self.assertLess(want_lp, -0.01)  # not a degenerate distribution
+
+  def test_hidden_states_then_projection_is_apply(self):
+    cfg = TINY.replace(vocab_size=64, embed_dim=32, num_layers=2, mlp_dim=64,
+                       head_dim=8)
+    params = models.init(cfg, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (2, 6), 0, 64)
+    pos = jnp.broadcast_to(jnp.arange(6), (2, 6))
+    h, cache = models.hidden_states(params, tokens, pos, config=cfg)
+    self.assertIsNone(cache)
+    chex.assert_shape(h, (2, 6, cfg.embed_dim))
+    logits, _ = models.apply(params, tokens, pos, config=cfg)
+    np.testing.assert_allclose(np.asarray(h @ params.embed.T),
+                               np.asarray(logits), rtol=1e-5, atol=1e-6)
+
+  def test_alignment_prefix_invariance(self):
+    # logprobs[s] depends on tokens[:s+1] only; changing token 4 changes
+    # position 4 and later, never earlier ones.
+    cfg = TINY.replace(vocab_size=64, embed_dim=32, num_layers=2, mlp_dim=64,
+                       head_dim=8)
+    params = models.init(cfg, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (1, 8), 0, 64)
+    other = tokens.at[0, 4].set((tokens[0, 4] + 1) % 64)
+    fn = jax.jit(lambda t: train.token_logprobs(params, t, config=cfg).logprobs)
+    a, b = np.asarray(fn(tokens)), np.asarray(fn(other))
+    np.testing.assert_array_equal(a[:, :4], b[:, :4])
+    self.assertTrue(np.all(a[:, 4:] != b[:, 4:]))
+    self.assertEqual(a[0, 0], 0.0)
+
+  def test_equals_sampler_logprobs(self):
+    params = models.init(TINY, jax.random.key(0))
+    b, p, n, temp = 3, 5, 7, 0.8
+    prompt = jax.random.randint(jax.random.key(1), (b, p), 3, TINY.vocab_size)
+    out = models.generate(
+        params, prompt, jnp.full((b,), p), jax.random.key(2), config=TINY,
+        sampling=models.SamplingConfig(max_new_tokens=n, temperature=temp))
+    np.testing.assert_array_equal(np.asarray(out.lengths), n)
+    full = jnp.concatenate([prompt, out.tokens], axis=1)
+    lp = train.token_logprobs(params, full, config=TINY, temperature=temp)
+    np.testing.assert_allclose(np.asarray(lp.logprobs[:, p:]),
+                               np.asarray(out.logprobs), atol=1e-5)
+    # A different temperature gives different numbers (the check has teeth).
+    lp1 = train.token_logprobs(params, full, config=TINY, temperature=1.0)
+    self.assertGreater(
+        np.max(np.abs(np.asarray(lp1.logprobs[:, p:] - out.logprobs))), 1e-3)
+
+  def test_bad_input_raises(self):
+    params = models.init(TINY, jax.random.key(0))
+    with self.assertRaisesRegex(ValueError, "S >= 2"):
+      train.token_logprobs(params, jnp.zeros((2, 1), jnp.int32), config=TINY)
+    with self.assertRaisesRegex(ValueError, "temperature"):
+      train.token_logprobs(params, jnp.zeros((2, 3), jnp.int32), config=TINY,
+                           temperature=0.0)
+
+
+if __name__ == "__main__":
+  absltest.main()

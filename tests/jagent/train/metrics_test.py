@@ -1,0 +1,90 @@
+"""MetricsWriter: JSON lines, resume without duplicates, TensorBoard, PNG plots."""
+
+import glob
+import importlib.util
+import math
+import os
+import shutil
+import tempfile
+
+from absl.testing import absltest
+import jax.numpy as jnp
+import numpy as np
+
+from jagent import train
+
+HAS_TBX = importlib.util.find_spec("tensorboardX") is not None
+
+
+class MetricsTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.workdir = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, self.workdir, ignore_errors=True)
+
+  def test_jsonl_and_resume_drops_later_steps(self):
+    w = train.MetricsWriter(self.workdir, tensorboard=False)
+    self.assertFalse(w.tensorboard)
+    for step in range(1, 6):
+      w.write(step, {"loss": jnp.float32(step / 10), "n": np.int32(step),
+                     "bad": float("nan") if step == 2 else 0.0})
+    w.close()
+    path = os.path.join(self.workdir, "metrics.jsonl")
+    records = train.read_metrics(path)
+    self.assertEqual([r["step"] for r in records], [1, 2, 3, 4, 5])
+    self.assertAlmostEqual(records[2]["loss"], 0.3, places=6)
+    self.assertEqual(records[3]["n"], 4.0)
+    self.assertTrue(math.isnan(records[1]["bad"]))
+    # Crash after the checkpoint of step 3: steps 4 and 5 are written again.
+    w = train.MetricsWriter(self.workdir, resume_step=3, tensorboard=False)
+    for step in (4, 5, 6):
+      w.write(step, {"loss": -1.0})
+    w.close()
+    records = train.read_metrics(path)
+    self.assertEqual([r["step"] for r in records], [1, 2, 3, 4, 5, 6])
+    self.assertEqual([r["loss"] for r in records[3:]], [-1.0] * 3)
+    self.assertAlmostEqual(records[2]["loss"], 0.3, places=6)
+
+  def test_bad_values_raise(self):
+    w = train.MetricsWriter(self.workdir, tensorboard=False)
+    with self.assertRaisesRegex(ValueError, "scalar"):
+      w.write(1, {"v": np.zeros(3)})
+    with self.assertRaisesRegex(ValueError, "step"):
+      w.write(1, {"step": 1.0})
+    w.close()
+
+  def test_plot_writes_a_png(self):
+    w = train.MetricsWriter(self.workdir, tensorboard=False)
+    for step in range(10):
+      w.write(step, {"a": step ** 2, "b": -step, "c": float("inf")})
+    png = os.path.join(self.workdir, "curves.png")
+    drawn = w.plot(png, ["a", "c", "missing"])
+    w.close()
+    self.assertEqual(drawn, ["a", "c"])
+    with open(png, "rb") as fh:
+      self.assertEqual(fh.read(8), b"\x89PNG\r\n\x1a\n")
+    with self.assertRaisesRegex(ValueError, "none of"):
+      w.plot(png, ["missing"])
+
+  def test_tensorboard(self):
+    if not HAS_TBX:
+      with self.assertRaisesRegex(ImportError, "tensorboardX"):
+        train.MetricsWriter(self.workdir, tensorboard=True)
+      self.assertFalse(train.MetricsWriter(self.workdir).tensorboard)
+      return
+    w = train.MetricsWriter(self.workdir, tensorboard=True)
+    self.assertTrue(w.tensorboard)
+    for step in range(3):
+      w.write(step, {"loss": 1.0 / (step + 1)})
+    w.close()
+    events = glob.glob(os.path.join(self.workdir, "tensorboard", "events.*"))
+    self.assertLen(events, 1)
+    self.assertGreater(os.path.getsize(events[0]), 0)
+    w = train.MetricsWriter(self.workdir, resume_step=1)
+    self.assertTrue(w.tensorboard)  # default: used when installed
+    w.close()
+
+
+if __name__ == "__main__":
+  absltest.main()
