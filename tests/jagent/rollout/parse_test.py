@@ -1,5 +1,6 @@
 """Tests of the on-device reply parser against hand-computed values and its regex reference."""
 
+import doctest
 import functools
 import random
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from jagent import rollout
 from jagent import tokenizers
+from jagent.rollout import _parse as parse_module
 
 SOKOBAN = ("Up", "Down", "Left", "Right")
 TINY = tokenizers.load_tiny_tokenizer()
@@ -25,7 +27,8 @@ SPECS = {
     # The three separator formulations, and RAGEN-2's 2 actions per turn.
     "comma_k2": rollout.ParseSpec(SOKOBAN, max_actions_per_turn=2, separator=","),
     "bordered_sep": rollout.ParseSpec(SOKOBAN, max_actions_per_turn=3, separator="-|-"),
-    "triple_bar": rollout.ParseSpec(SOKOBAN, think=False, separator="|||"),
+    # "x||" can start like a piece followed by the separator: "x|||" is the piece "x".
+    "triple_bar": rollout.ParseSpec(SOKOBAN + ("x||",), think=False, separator="|||"),
 }
 FIELDS = ("matched", "actions", "num_actions", "num_pieces", "num_invalid", "format_valid",
           "answer", "answer_length")
@@ -198,6 +201,8 @@ HAND_CASES = (
        dict(matched=True, actions=[0, 1], num_pieces=2, num_invalid=0, format_valid=True)),
       ("bordered_separator", "bordered_sep", b"</think><answer>Up-|-|-Down-|-Left</answer>",
        dict(matched=True, actions=[0, 2], num_pieces=3, num_invalid=1)),  # "Up", "|-Down", "Left"
+      ("name_overlapping_separator", "triple_bar", b"<answer>x||||||Up|||x||</answer>",
+       dict(matched=True, actions=[0, 4], num_pieces=3, num_invalid=1)),  # "x", "Up", "x||"
       # Bytes at or past num_bytes are ignored; num_bytes is clipped to [0, M].
       ("tail_close_ignored", "think", b"</think><answer>Up||Down", dict(matched=False),
        b"</answer>"),
@@ -304,6 +309,11 @@ class ApiTest(parameterized.TestCase):
     ref = _reference_arrays(replies, spec)
     for field in FIELDS:
       np.testing.assert_array_equal(getattr(per_row, field), ref[field], field)
+
+  def test_docstring_examples(self):
+    result = doctest.testmod(parse_module)
+    self.assertGreater(result.attempted, 0)
+    self.assertEqual(result.failed, 0)
 
   def test_parse_tokens_is_gather_then_parse(self):
     spec = SPECS["answer_only_text"]
