@@ -232,17 +232,16 @@ def host_rollout(
           per_turn["anchor_hashes"][b, t] = _hash_text(np.asarray(anchor_symbols(b)))
     starts = np.array([len(s) for s in seq], np.int32)
     if reencode:
-      width = max(len(seq[b]) + len(new[b]) for b in range(b_size))
-      width = -(-width // 64) * 64
+      width = context_size  # one shape for every turn: one compile
       prompt = np.full((b_size, width), pad, np.int32)
       plen = np.zeros(b_size, np.int32)
       for b in range(b_size):
-        ids = seq[b] + new[b]
+        ids = (seq[b] + new[b])[:width]
         prompt[b, :len(ids)] = ids
         plen[b] = len(ids) if active[b] else 0
       cache_in = _transformer.init_cache(model_config, b_size, context_size)
     else:
-      width = max(1, max(len(x) for x in new))
+      width = 1 << max(0, max(len(x) for x in new) - 1).bit_length()  # few shapes
       prompt = np.full((b_size, width), pad, np.int32)
       plen = np.zeros(b_size, np.int32)
       for b in range(b_size):

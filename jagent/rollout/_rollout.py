@@ -101,6 +101,7 @@ def _hash(symbols: jax.Array) -> jax.Array:
   """int32 [...] polynomial hash of int32 [..., n] symbol ids (wrapping)."""
   weights = jnp.asarray(np.array([pow(1000003, k, 2**32) for k in range(symbols.shape[-1])],
                                  np.uint32))
+  weights = weights.reshape((1,) * (symbols.ndim - 1) + (-1,))
   h = jnp.sum(symbols.astype(jnp.uint32) * weights, axis=-1, dtype=jnp.uint32)
   return jax.lax.bitcast_convert_type(h, jnp.int32)
 
