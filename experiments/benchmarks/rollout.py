@@ -1,0 +1,295 @@
+r"""Multi-turn rollout throughput: the on-device rollout vs host-loop baselines.
+
+    python -m experiments.benchmarks.rollout [--env=Sokoban-6x6-1box-v0] \
+        [--num_groups=8] [--group_size=16] [--max_turns=5] \
+        [--max_tokens_per_turn=32] [--model=tiny] [--repeats=3]
+
+Same model (``--model``, random weights), tokenizer (the tiny one), prompt
+(``PromptConfig.compact()``, think mode), batch ``B = num_groups x
+group_size``, turns, reply budget, context size and key for every row of the
+table. Sampling is at temperature 1, so random weights reply with arbitrary
+tokens until ``</answer>``, EOS or ``--max_tokens_per_turn``; the mean reply
+length is printed so the rates compare equal work. Rows:
+
+- ``on-device``: :func:`jagent.rollout.make_rollout`, the whole rollout as one
+  jit-compiled program (prompts rendered, replies parsed and envs stepped on
+  device, KV cache kept across turns);
+- ``host re-encode (RAGEN)``: :func:`jagent.rollout.host_rollout` with
+  ``reencode=True``: each turn re-tokenizes the whole conversation on the
+  host and prefills it from an empty cache, as RAGEN does, with the env
+  stepped from Python (:class:`jagent.rollout.JaxEnvAsHost`, one env per row);
+  this is the baseline of the goal (on-device >= 3x);
+- ``host incremental``: the same host loop with ``reencode=False`` (KV cache
+  kept, only the new turn's tokens tokenized and prefilled; host env stepping
+  and host parsing);
+- ``sampler only``: ``max_turns`` calls of :func:`jagent.models.generate` on
+  the same shapes inside one jit, no environment, rendering or parsing: an
+  estimate of the model's share of the on-device time.
+
+Every row is warmed up once (compiles; the host loops compile a few shapes)
+and timed as the best of ``--repeats`` calls with the same key. Env turns =
+sum of ``Trajectory.num_turns``; generated tokens = sum of ``loss_mask``.
+Memory: the process's peak resident set (``getrusage``; it only grows, so each
+row shows the peak so far) and the compiled on-device program's memory
+analysis (arguments + outputs + temporaries). Prints a table, the ratios, one
+summary line and one JSON line. Speed is measured here, never in tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from typing import Any, Callable
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import envs_jax
+from experiments.benchmarks import timing
+from jagent import models
+from jagent import rollout
+from jagent import tokenizers
+
+_MODEL = flags.DEFINE_string("model", "tiny", "jagent.models named config (random weights).")
+_ENV = flags.DEFINE_string("env", "Sokoban-6x6-1box-v0", "Registered envs_jax id.")
+_GROUPS = flags.DEFINE_integer("num_groups", 8, "Initial states per rollout.")
+_GROUP_SIZE = flags.DEFINE_integer("group_size", 16, "Rollouts per initial state.")
+_TURNS = flags.DEFINE_integer("max_turns", 5, "Assistant turns per episode at most.")
+_TOKENS = flags.DEFINE_integer("max_tokens_per_turn", 32, "Sampled tokens per reply at most.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per row; the best is reported.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and of the rollout key.")
+_VERIFY = flags.DEFINE_integer("verify_states", 64,
+                               "States TextEnv checks against the tokenizer at build.")
+_SAMPLER = flags.DEFINE_bool("sampler_only", True,
+                             "Also time the sampler alone on the same shapes.")
+
+GOAL = 3.0  # issue 5: the on-device rollout is >= 3x the RAGEN-style host loop
+
+
+def peak_rss_mb() -> float:
+  """Peak resident set size of this process so far, in MiB (Linux: KiB units)."""
+  kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return kib / (1024.0 * 1024.0) if sys.platform == "darwin" else kib / 1024.0
+
+
+def compiled_memory(compiled: Any) -> dict[str, int] | None:
+  """Bytes of a compiled program (XLA memory analysis).
+
+  Args:
+    compiled: ``jax.jit(f).lower(*args).compile()``.
+
+  Returns:
+    ``{"argument_bytes", "output_bytes", "temp_bytes", "total_bytes"}``
+    (total = the three summed; aliased outputs are counted twice), or None
+    when the backend gives no analysis.
+  """
+  try:
+    analysis = compiled.memory_analysis()
+  except (AttributeError, NotImplementedError, RuntimeError):
+    return None
+  if analysis is None:
+    return None
+  out = {name: int(getattr(analysis, f"{name}_size_in_bytes", 0) or 0)
+         for name in ("argument", "output", "temp")}
+  out = {f"{k}_bytes": v for k, v in out.items()}
+  out["total_bytes"] = sum(out.values())
+  return out
+
+
+def device_peak_mb() -> float | None:
+  """Peak bytes in use on the first device (MiB), when the backend reports it."""
+  try:
+    stats = jax.local_devices()[0].memory_stats()
+  except (AttributeError, NotImplementedError, RuntimeError):
+    return None
+  if not stats or "peak_bytes_in_use" not in stats:
+    return None
+  return stats["peak_bytes_in_use"] / 2**20
+
+
+def measure(name: str, fn: Callable[[], Any], repeats: int) -> dict[str, Any]:
+  """Warms ``fn`` up once, then times it; rates from the warm-up's trajectory.
+
+  Args:
+    name: the row's label.
+    fn: ``() -> Trajectory`` (same key every call, so every call does the same
+      work and the host loops compile nothing new after the warm-up).
+    repeats: timed calls; the best is kept.
+
+  Returns:
+    The row: seconds per call, env turns, generated tokens, rates, mean
+    reply length, the warm-up (compile + first call) seconds and the peak RSS.
+  """
+  t0 = time.perf_counter()
+  traj = jax.block_until_ready(fn())
+  warmup = time.perf_counter() - t0
+  turns = int(np.sum(np.asarray(traj.num_turns)))
+  tokens = int(np.sum(np.asarray(traj.loss_mask)))
+  seconds = timing.best_seconds(fn, repeats, warmup=False)
+  return dict(name=name, seconds=seconds, warmup_seconds=warmup, env_turns=turns,
+              tokens=tokens, turns_per_s=turns / seconds, tokens_per_s=tokens / seconds,
+              mean_reply=tokens / max(turns, 1), peak_rss_mb=peak_rss_mb())
+
+
+def sampler_only(params, model_config, text_env, config, s_max):
+  """``key -> tokens``: the rollout's ``generate`` calls alone, in one jit.
+
+  Turn 1 prefills ``first_width`` tokens, later turns ``next_width`` (random
+  ids, full length), each followed by a reply with the rollout's sampling
+  (EOS, ``</answer>``, ``max_tokens_per_turn``), into one KV cache of
+  ``s_max`` slots. No environment, rendering, parsing or bookkeeping.
+  """
+  b = config.batch_size
+  sampling = config.sampling(text_env.eos_id, text_env.stop_strings)
+  table, table_len = text_env.tokenizer.token_bytes()
+  vocab = text_env.tokenizer.vocab_size
+
+  @jax.jit
+  def run(params, key):
+    cache = models.init_cache(model_config, b, s_max)
+    out = None
+    for t in range(config.max_turns):
+      width = text_env.first_width if t == 0 else text_env.next_width
+      k_prompt, k_gen = jax.random.split(jax.random.fold_in(key, t))
+      prompt = jax.random.randint(k_prompt, (b, width), 3, vocab)
+      out = models.generate(params, prompt, jnp.full((b,), width, jnp.int32), k_gen, cache,
+                            config=model_config, sampling=sampling,
+                            token_table=(jnp.asarray(table), jnp.asarray(table_len)))
+      cache = out.cache
+    return out.tokens
+
+  return lambda key: run(params, key)
+
+
+def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: int,
+        max_tokens_per_turn: int, repeats: int, seed: int = 0, verify_states: int = 64,
+        with_sampler: bool = True) -> dict[str, Any]:
+  """Builds the model, env and rollouts, times every row; returns the results.
+
+  Raises:
+    ValueError: a bad size, repeat count, model or env name (before compiling).
+  """
+  if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+    raise ValueError(f"--repeats={repeats!r}: must be an int >= 1")
+  if model not in models.config_names():
+    raise ValueError(f"--model={model!r}: known configs are {models.config_names()}")
+  config = rollout.RolloutConfig(num_groups=num_groups, group_size=group_size,
+                                 max_turns=max_turns, max_tokens_per_turn=max_tokens_per_turn,
+                                 temperature=1.0)
+  env, env_params = envs_jax.make(env_id)
+  tok = tokenizers.load_tiny_tokenizer()
+  model_config = models.get_config(model)
+  text_env = rollout.TextEnv(env, tok, rollout.PromptConfig.compact(), env_params=env_params,
+                             verify_states=verify_states)
+  s_max = rollout.context_size(text_env, config)
+  params = models.init(model_config, jax.random.key(seed))
+  key = jax.random.key(seed + 1)
+  rows = []
+
+  device_fn = rollout.make_rollout(text_env, model_config, config, env_params)
+  t0 = time.perf_counter()
+  compiled = device_fn.lower(params, key).compile()
+  compile_seconds = time.perf_counter() - t0
+  rows.append(measure("on-device (make_rollout)", lambda: compiled(params, key), repeats))
+  rows[-1]["warmup_seconds"] += compile_seconds
+  memory = compiled_memory(compiled)
+  device_peak = device_peak_mb()
+
+  if with_sampler:
+    sampler = sampler_only(params, model_config, text_env, config, s_max)
+    t0 = time.perf_counter()
+    jax.block_until_ready(sampler(key))
+    warm = time.perf_counter() - t0
+    sec = timing.best_seconds(lambda: sampler(key), repeats, warmup=False)
+    dev = rows[0]
+    rows.append(dict(name="sampler only (no env; estimate)", seconds=sec, warmup_seconds=warm,
+                     env_turns=None, tokens=None, turns_per_s=None, tokens_per_s=None,
+                     mean_reply=None, peak_rss_mb=peak_rss_mb(),
+                     share_of_device=sec / dev["seconds"]))
+
+  hosts = [rollout.JaxEnvAsHost(env, env_params) for _ in range(config.batch_size)]
+  for name, reencode in (("host re-encode (RAGEN)", True), ("host incremental KV", False)):
+    def host(reencode=reencode):
+      return rollout.host_rollout(params, key, hosts, text_env.conversation,
+                                  model_config=model_config, config=config,
+                                  context_size=s_max, reencode=reencode)
+    rows.append(measure(name, host, repeats))
+
+  by_name = {r["name"]: r for r in rows}
+  dev = by_name["on-device (make_rollout)"]
+  ratios = {}
+  for key_name, base in (("ragen", "host re-encode (RAGEN)"),
+                         ("incremental", "host incremental KV")):
+    ratios[f"turns_vs_{key_name}"] = dev["turns_per_s"] / by_name[base]["turns_per_s"]
+    ratios[f"tokens_vs_{key_name}"] = dev["tokens_per_s"] / by_name[base]["tokens_per_s"]
+  return dict(model=model, env=env_id, batch=config.batch_size, num_groups=num_groups,
+              group_size=group_size, max_turns=max_turns,
+              max_tokens_per_turn=max_tokens_per_turn, context_size=s_max,
+              first_width=text_env.first_width, next_width=text_env.next_width,
+              repeats=repeats, rows=rows, ratios=ratios, compiled_memory=memory,
+              device_peak_mb=device_peak, backend=jax.default_backend(),
+              cpu_count=os.cpu_count(), load_average=os.getloadavg())
+
+
+def _fmt(x, spec):
+  return "-" if x is None else format(x, spec)
+
+
+def report(res: dict[str, Any]) -> None:
+  """Prints the table, the ratios, the memory, a summary line and a JSON line."""
+  print(f"rollout benchmark: model {res['model']}, env {res['env']}, batch {res['batch']} "
+        f"({res['num_groups']} x {res['group_size']}), {res['max_turns']} turns, "
+        f"{res['max_tokens_per_turn']} tokens/turn, context {res['context_size']}, "
+        f"backend {res['backend']} ({res['cpu_count']} CPUs), load average "
+        + " ".join(f"{x:.2f}" for x in res["load_average"]))
+  header = (f"{'rollout':34s}{'s/call':>9s}{'compile+1st s':>14s}{'env turns':>10s}"
+            f"{'turns/s':>10s}{'tokens':>8s}{'tokens/s':>10s}{'mean reply':>11s}"
+            f"{'peak RSS MB':>12s}")
+  print(header)
+  print("-" * len(header))
+  for r in res["rows"]:
+    print(f"{r['name']:34s}{r['seconds']:9.3f}{r['warmup_seconds']:14.1f}"
+          f"{_fmt(r['env_turns'], 'd'):>10s}{_fmt(r['turns_per_s'], ',.1f'):>10s}"
+          f"{_fmt(r['tokens'], 'd'):>8s}{_fmt(r['tokens_per_s'], ',.0f'):>10s}"
+          f"{_fmt(r['mean_reply'], '.1f'):>11s}{r['peak_rss_mb']:12.0f}")
+  q = res["ratios"]
+  print(f"on-device / host re-encode (RAGEN-style, the issue's baseline): "
+        f"{q['turns_vs_ragen']:.2f}x env turns/s, {q['tokens_vs_ragen']:.2f}x tokens/s")
+  print(f"on-device / host incremental KV: {q['turns_vs_incremental']:.2f}x env turns/s, "
+        f"{q['tokens_vs_incremental']:.2f}x tokens/s")
+  for r in res["rows"]:
+    if "share_of_device" in r:
+      print(f"sampler alone takes {r['share_of_device']:.0%} of the on-device rollout's time "
+            "(the rest: env steps, prompt rendering, parsing, bookkeeping)")
+  mem = res["compiled_memory"]
+  if mem is not None:
+    print(f"on-device program memory (XLA analysis): arguments "
+          f"{mem['argument_bytes'] / 2**20:.1f} MiB + outputs {mem['output_bytes'] / 2**20:.1f} "
+          f"MiB + temporaries {mem['temp_bytes'] / 2**20:.1f} MiB = "
+          f"{mem['total_bytes'] / 2**20:.1f} MiB")
+  else:
+    print("on-device program memory: no XLA memory analysis on this backend")
+  if res["device_peak_mb"] is not None:
+    print(f"device peak memory after the on-device rows: {res['device_peak_mb']:.1f} MiB")
+  ratio = min(q["turns_vs_ragen"], q["tokens_vs_ragen"])
+  print(f"SUMMARY: on-device rollout is {q['turns_vs_ragen']:.2f}x (env turns/s) and "
+        f"{q['tokens_vs_ragen']:.2f}x (tokens/s) the RAGEN-style host loop; goal >= "
+        f"{GOAL:g}x: {'met' if ratio >= GOAL else 'NOT met'}")
+  print(json.dumps(res, default=float))
+
+
+def main(argv):
+  del argv
+  report(run(_MODEL.value, _ENV.value, _GROUPS.value, _GROUP_SIZE.value, _TURNS.value,
+             _TOKENS.value, _REPEATS.value, seed=_SEED.value, verify_states=_VERIFY.value,
+             with_sampler=_SAMPLER.value))
+
+
+if __name__ == "__main__":
+  app.run(main)
