@@ -26,8 +26,10 @@ length is printed so the rates compare equal work. Rows:
   the same shapes inside one jit, no environment, rendering or parsing: an
   estimate of the model's share of the on-device time.
 
-Every row is warmed up once (compiles; the host loops compile a few shapes)
-and timed as the best of ``--repeats`` calls with the same key. Env turns =
+Every row is warmed up once (compiles; the host loops compile a few shapes),
+then the rows are timed round-robin, ``--repeats`` rounds, with the same key
+every call, and each row's best call is kept (``worst s`` shows the spread on
+a shared machine). Env turns =
 sum of ``Trajectory.num_turns``; generated tokens = sum of ``loss_mask``.
 Memory: the process's peak resident set (``getrusage``; it only grows, so each
 row shows the peak so far) and the compiled on-device program's memory
@@ -113,28 +115,50 @@ def device_peak_mb() -> float | None:
   return stats["peak_bytes_in_use"] / 2**20
 
 
-def measure(name: str, fn: Callable[[], Any], repeats: int) -> dict[str, Any]:
-  """Warms ``fn`` up once, then times it; rates from the warm-up's trajectory.
+def warm_up(name: str, fn: Callable[[], Any], extra_seconds: float = 0.0) -> dict[str, Any]:
+  """Calls ``fn`` once (compiles) and counts the work of its result.
 
   Args:
     name: the row's label.
-    fn: ``() -> Trajectory`` (same key every call, so every call does the same
-      work and the host loops compile nothing new after the warm-up).
-    repeats: timed calls; the best is kept.
+    fn: ``() -> Trajectory``, or ``() -> array`` for the sampler-only row
+      (no counts). The same key every call, so every call does the same work
+      and the host loops compile nothing new after the warm-up.
+    extra_seconds: compile time spent before (added to the warm-up time).
 
   Returns:
-    The row: seconds per call, env turns, generated tokens, rates, mean
-    reply length, the warm-up (compile + first call) seconds and the peak RSS.
+    The row so far: name, ``fn``, warm-up seconds (compile + first call),
+    env turns and generated tokens (None without a Trajectory), mean reply
+    length and the process's peak RSS after the warm-up.
   """
   t0 = time.perf_counter()
-  traj = jax.block_until_ready(fn())
-  warmup = time.perf_counter() - t0
-  turns = int(np.sum(np.asarray(traj.num_turns)))
-  tokens = int(np.sum(np.asarray(traj.loss_mask)))
-  seconds = timing.best_seconds(fn, repeats, warmup=False)
-  return dict(name=name, seconds=seconds, warmup_seconds=warmup, env_turns=turns,
-              tokens=tokens, turns_per_s=turns / seconds, tokens_per_s=tokens / seconds,
-              mean_reply=tokens / max(turns, 1), peak_rss_mb=peak_rss_mb())
+  out = jax.block_until_ready(fn())
+  row = dict(name=name, fn=fn, warmup_seconds=extra_seconds + time.perf_counter() - t0,
+             env_turns=None, tokens=None, mean_reply=None)
+  if hasattr(out, "num_turns"):
+    row["env_turns"] = int(np.sum(np.asarray(out.num_turns)))
+    row["tokens"] = int(np.sum(np.asarray(out.loss_mask)))
+    row["mean_reply"] = row["tokens"] / max(row["env_turns"], 1)
+  row["peak_rss_mb"] = peak_rss_mb()
+  return row
+
+
+def time_rounds(rows: list[dict[str, Any]], repeats: int) -> None:
+  """Times every row ``repeats`` times, interleaved (round-robin), in place.
+
+  Interleaving gives every row the same chance of a quiet moment on a shared
+  machine; the best call of each row is kept (``seconds``, and the rates
+  ``turns_per_s``, ``tokens_per_s``); ``all_seconds`` lists every call.
+  """
+  for row in rows:
+    row["all_seconds"] = []
+  for _ in range(repeats):
+    for row in rows:
+      row["all_seconds"].append(timing.best_seconds(row["fn"], 1, warmup=False))
+  for row in rows:
+    del row["fn"]
+    row["seconds"] = sec = min(row["all_seconds"])
+    row["turns_per_s"] = None if row["env_turns"] is None else row["env_turns"] / sec
+    row["tokens_per_s"] = None if row["tokens"] is None else row["tokens"] / sec
 
 
 def sampler_only(params, model_config, text_env, config, s_max):
@@ -195,31 +219,23 @@ def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: in
   device_fn = rollout.make_rollout(text_env, model_config, config, env_params)
   t0 = time.perf_counter()
   compiled = device_fn.lower(params, key).compile()
-  compile_seconds = time.perf_counter() - t0
-  rows.append(measure("on-device (make_rollout)", lambda: compiled(params, key), repeats))
-  rows[-1]["warmup_seconds"] += compile_seconds
+  rows.append(warm_up("on-device (make_rollout)", lambda: compiled(params, key),
+                      time.perf_counter() - t0))
   memory = compiled_memory(compiled)
   device_peak = device_peak_mb()
-
   if with_sampler:
     sampler = sampler_only(params, model_config, text_env, config, s_max)
-    t0 = time.perf_counter()
-    jax.block_until_ready(sampler(key))
-    warm = time.perf_counter() - t0
-    sec = timing.best_seconds(lambda: sampler(key), repeats, warmup=False)
-    dev = rows[0]
-    rows.append(dict(name="sampler only (no env; estimate)", seconds=sec, warmup_seconds=warm,
-                     env_turns=None, tokens=None, turns_per_s=None, tokens_per_s=None,
-                     mean_reply=None, peak_rss_mb=peak_rss_mb(),
-                     share_of_device=sec / dev["seconds"]))
-
+    rows.append(warm_up("sampler only (no env; estimate)", lambda: sampler(key)))
   hosts = [rollout.JaxEnvAsHost(env, env_params) for _ in range(config.batch_size)]
   for name, reencode in (("host re-encode (RAGEN)", True), ("host incremental KV", False)):
     def host(reencode=reencode):
       return rollout.host_rollout(params, key, hosts, text_env.conversation,
                                   model_config=model_config, config=config,
                                   context_size=s_max, reencode=reencode)
-    rows.append(measure(name, host, repeats))
+    rows.append(warm_up(name, host))
+  time_rounds(rows, repeats)
+  if with_sampler:
+    rows[1]["share_of_device"] = rows[1]["seconds"] / rows[0]["seconds"]
 
   by_name = {r["name"]: r for r in rows}
   dev = by_name["on-device (make_rollout)"]
@@ -248,13 +264,14 @@ def report(res: dict[str, Any]) -> None:
         f"{res['max_tokens_per_turn']} tokens/turn, context {res['context_size']}, "
         f"backend {res['backend']} ({res['cpu_count']} CPUs), load average "
         + " ".join(f"{x:.2f}" for x in res["load_average"]))
-  header = (f"{'rollout':34s}{'s/call':>9s}{'compile+1st s':>14s}{'env turns':>10s}"
+  header = (f"{'rollout':34s}{'best s':>9s}{'worst s':>9s}{'compile+1st s':>14s}{'env turns':>10s}"
             f"{'turns/s':>10s}{'tokens':>8s}{'tokens/s':>10s}{'mean reply':>11s}"
             f"{'peak RSS MB':>12s}")
   print(header)
   print("-" * len(header))
   for r in res["rows"]:
-    print(f"{r['name']:34s}{r['seconds']:9.3f}{r['warmup_seconds']:14.1f}"
+    print(f"{r['name']:34s}{r['seconds']:9.3f}{max(r['all_seconds']):9.3f}"
+          f"{r['warmup_seconds']:14.1f}"
           f"{_fmt(r['env_turns'], 'd'):>10s}{_fmt(r['turns_per_s'], ',.1f'):>10s}"
           f"{_fmt(r['tokens'], 'd'):>8s}{_fmt(r['tokens_per_s'], ',.0f'):>10s}"
           f"{_fmt(r['mean_reply'], '.1f'):>11s}{r['peak_rss_mb']:12.0f}")
@@ -265,7 +282,8 @@ def report(res: dict[str, Any]) -> None:
         f"{q['tokens_vs_incremental']:.2f}x tokens/s")
   for r in res["rows"]:
     if "share_of_device" in r:
-      print(f"sampler alone takes {r['share_of_device']:.0%} of the on-device rollout's time "
+      print(f"the sampler alone (same shapes, no env) takes {r['share_of_device']:.0%} of the "
+            "on-device rollout's time "
             "(the rest: env steps, prompt rendering, parsing, bookkeeping)")
   mem = res["compiled_memory"]
   if mem is not None:

@@ -57,6 +57,7 @@ class RolloutBenchmarkTest(absltest.TestCase):
       for k in ("seconds", "warmup_seconds", "turns_per_s", "tokens_per_s", "peak_rss_mb"):
         self.assertGreater(r[k], 0.0, (r["name"], k))
       self.assertAlmostEqual(r["turns_per_s"] * r["seconds"], r["env_turns"], places=6)
+      self.assertEqual(r["all_seconds"], [r["seconds"]])  # one round, one call
     # Same key and sampler: both host loops sample the on-device rollout's tokens.
     self.assertEqual(len({r["tokens"] for r in res["rows"]}), 1)
     q = res["ratios"]
