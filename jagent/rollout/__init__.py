@@ -3,6 +3,10 @@
 Please don't use symbols in the ``_``-prefixed modules: they may change.
 """
 
+from jagent.rollout._experts import demonstrations
+from jagent.rollout._experts import make_expert
+from jagent.rollout._host import Expert
+from jagent.rollout._host import expert_rollout
 from jagent.rollout._host import host_rollout
 from jagent.rollout._host import HostEnv
 from jagent.rollout._host import HostStep
@@ -26,6 +30,7 @@ from jagent.rollout._trajectory import Trajectory
 __all__ = (
     "END_REASONS",
     "Conversation",
+    "Expert",
     "HostEnv",
     "HostStep",
     "JaxEnvAsHost",
@@ -35,8 +40,11 @@ __all__ = (
     "Trajectory",
     "context_size",
     "default_instructions",
+    "demonstrations",
+    "expert_rollout",
     "format_reward",
     "host_rollout",
+    "make_expert",
     "make_rollout",
     "ParseSpec",
     "ParsedReply",
