@@ -149,6 +149,13 @@ _CONFIGS: dict[str, ModelConfig] = {
         rope_theta=10000.0, norm_eps=1e-6, max_position=4096, bos_id=None, eos_id=2,
         pad_id=0),
     # ~10.8M parameters (d384, 6 layers, vocab 8k), the STACK.md reference size.
+    # ~0.16M parameters: the fastest CPU policy (few heads and layers, since
+    # softmax over [heads, S, S] dominates training on long multi-turn contexts).
+    "nano": ModelConfig(
+        family="qwen2", vocab_size=512, embed_dim=64, num_layers=2, num_heads=4,
+        num_kv_heads=2, head_dim=16, mlp_dim=256, qkv_bias=True, tie_embeddings=True,
+        rope_theta=10000.0, norm_eps=1e-6, max_position=4096, bos_id=None, eos_id=2,
+        pad_id=0),
     "small-10m": ModelConfig(
         family="qwen2", vocab_size=8192, embed_dim=384, num_layers=6, num_heads=6,
         num_kv_heads=2, head_dim=64, mlp_dim=768, qkv_bias=True, tie_embeddings=True,

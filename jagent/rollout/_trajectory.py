@@ -94,14 +94,16 @@ class Trajectory:
     """The :class:`jagent.transforms.Batch` that objectives consume.
 
     Sampled-token fields map one to one; the trajectory score, termination
-    (truncated rows bootstrap in GAE), turn anchors and format validity are
-    carried over.
+    (truncated rows bootstrap in GAE) and turn anchors are carried over.
+    ``format_valid`` is NOT: the rollout already put the format penalty into
+    the rewards (as RAGEN does), and an objective's ``penalize_format`` stage
+    would add it a second time.
     """
     return _batch.Batch(
         tokens=self.tokens, loss_mask=self.loss_mask, sampler_logprobs=self.logprobs,
         rewards=self.token_rewards, scores=self.scores, terminated=self.terminated,
         turn_ids=self.turn_ids, anchor_hashes=self.anchor_hashes,
-        format_valid=self.format_valid, group_size=self.group_size)
+        group_size=self.group_size)
 
   def metrics(self) -> dict[str, jax.Array]:
     """Rollout diagnostics (float32 scalars), RAGEN's Echo Trap set included.

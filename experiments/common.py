@@ -1,0 +1,267 @@
+"""What experiments/train.py and experiments/eval.py share: one Experiment object.
+
+An :class:`Experiment` validates a config (every bad field named before
+anything compiles), builds the game, tokenizer, model, rollouts and
+objective, and runs the stages: SFT, RL steps, evaluation, checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import envs_jax
+from jagent import models
+from jagent import rollout
+from jagent import tokenizers
+from jagent import train
+from jagent import transforms
+from jagent.train import _rl
+
+ALGORITHMS_WITHOUT_FILTER = ()
+
+
+def setup_compilation_cache(path: str | None = None) -> None:
+  """Persists XLA compilations across runs (``$JAX_COMPILATION_CACHE_DIR`` wins)."""
+  path = os.environ.get("JAX_COMPILATION_CACHE_DIR") or path or os.path.join(
+      os.path.expanduser("~"), ".cache", "jagent", "jax")
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def _bad(field: str, value: Any, why: str) -> ValueError:
+  return ValueError(f"config.{field}={value!r}: {why}")
+
+
+def validate(config) -> None:
+  """Checks a train/eval config; raises ValueError naming the first bad field."""
+  if config.env not in envs_jax.registered():
+    raise _bad("env", config.env, f"not a registered environment; known: "
+               f"{sorted(envs_jax.registered())}")
+  if config.algorithm not in transforms.registered():
+    raise _bad("algorithm", config.algorithm,
+               f"unknown; known: {sorted(transforms.registered())}")
+  if config.model not in models.config_names() and not config.model_dir:
+    raise _bad("model", config.model, f"unknown; known: {models.config_names()}")
+  r = config.rollout
+  for f in ("num_groups", "group_size", "max_turns", "max_tokens_per_turn",
+            "max_actions_per_traj"):
+    if not isinstance(r[f], int) or r[f] < 1:
+      raise _bad(f"rollout.{f}", r[f], "must be an int >= 1")
+  if config.rl.num_minibatches < 1:
+    raise _bad("rl.num_minibatches", config.rl.num_minibatches, "must be >= 1")
+  if config.rl.filter_mode in ("top_fraction", "top_k"):
+    try:
+      k = _rl.num_kept_groups(r.num_groups, config.rl.filter_mode, config.rl.filter_value)
+    except ValueError as e:
+      raise _bad("rl.filter_value", config.rl.filter_value, str(e)) from None
+    if k < 1:
+      raise _bad("rl.filter_value", config.rl.filter_value,
+                 f"keeps no group of rollout.num_groups={r.num_groups}")
+    rows = k * r.group_size
+  else:
+    rows = r.num_groups * r.group_size
+  if rows % config.rl.num_minibatches:
+    raise _bad("rl.num_minibatches", config.rl.num_minibatches,
+               f"does not divide the {rows} trained rows per step (kept groups x group_size)")
+  if config.sft.steps and config.sft.batch_size > config.sft.num_demos:
+    raise _bad("sft.batch_size", config.sft.batch_size,
+               f"is larger than sft.num_demos={config.sft.num_demos}")
+  if config.eval.num_levels % config.eval.num_groups:
+    raise _bad("eval.num_levels", config.eval.num_levels,
+               f"must be a multiple of eval.num_groups={config.eval.num_groups}")
+
+
+class Experiment:
+  """A configured run (see the module docstring).
+
+  Raises:
+    ValueError: from :func:`validate`, or when the context cannot hold a
+      turn (``rollout.max_tokens_per_turn`` etc.).
+  """
+
+  def __init__(self, config):
+    validate(config)
+    self.config = c = config
+    self.tokenizer = (tokenizers.load_tiny_tokenizer() if c.tokenizer == "tiny"
+                      else tokenizers.HFTokenizer(c.tokenizer))
+    self.env, self.env_params = envs_jax.make(c.env)
+    p = c.prompt
+    self.prompt = rollout.PromptConfig(
+        system=p.system, instructions=p.instructions if p.instructions != "" or
+        "{instructions}" not in p.first_turn else None,
+        first_turn=p.first_turn, next_turn=p.next_turn, think=p.think,
+        max_actions_per_turn=p.max_actions_per_turn, chat_template=p.chat_template or None)
+    self.text_env = rollout.TextEnv(self.env, self.tokenizer, self.prompt,
+                                    env_params=self.env_params)
+    if c.model_dir:
+      self.model_config = models.read_hf_config(c.model_dir)
+    else:
+      self.model_config = models.get_config(c.model)
+    r = c.rollout
+    self.rollout_config = rollout.RolloutConfig(
+        num_groups=r.num_groups, group_size=r.group_size, max_turns=r.max_turns,
+        max_tokens_per_turn=r.max_tokens_per_turn, max_actions_per_traj=r.max_actions_per_traj,
+        temperature=r.temperature)
+    self.context_size = rollout.context_size(self.text_env, self.rollout_config)
+    self._rollouts = {}
+    kwargs = dict(c.algorithm_kwargs)
+    if c.rl.filter_mode in ("top_fraction", "top_k"):
+      # Compaction applies the filter; the objective's own filter keeps all.
+      self.num_keep = _rl.num_kept_groups(r.num_groups, c.rl.filter_mode, c.rl.filter_value)
+      if c.algorithm in ("starpo_s",):
+        kwargs.update(filter_mode="top_fraction", filter_value=1.0)
+    else:
+      self.num_keep = r.num_groups
+      if c.algorithm in ("starpo_s",):
+        kwargs.update(filter_mode=c.rl.filter_mode, filter_value=c.rl.filter_value)
+    self.objective = transforms.make(c.algorithm, **kwargs)
+    self.needs = train.objective_needs(c.algorithm, **dict(c.algorithm_kwargs))
+    rl = c.rl
+    self.train_config = train.TrainConfig(
+        model=self.model_config,
+        actor_optimizer=train.OptimizerConfig(
+            learning_rate=rl.learning_rate, warmup_steps=rl.warmup_steps, decay=rl.decay,
+            decay_steps=max(1, rl.steps * rl.num_minibatches * rl.ppo_epochs - rl.warmup_steps)
+            if rl.decay != "constant" else 0,
+            weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm),
+        critic_optimizer=train.OptimizerConfig(
+            learning_rate=rl.critic_learning_rate, weight_decay=rl.weight_decay,
+            max_grad_norm=rl.max_grad_norm),
+        temperature=r.temperature, ppo_epochs=rl.ppo_epochs, num_minibatches=rl.num_minibatches)
+    self.eval_keys = jax.random.split(jax.random.key(c.eval.seed), c.eval.num_levels)
+
+  # ------------------------------------------------------------------ rollouts
+  def rollout_fn(self, kind: str):
+    """The jitted rollout: ``"train"``, ``"eval_temp"`` or ``"eval_greedy"``."""
+    if kind not in self._rollouts:
+      rc = self.rollout_config
+      if kind != "train":
+        rc = rollout.RolloutConfig(
+            num_groups=self.config.eval.num_groups, group_size=1, max_turns=rc.max_turns,
+            max_tokens_per_turn=rc.max_tokens_per_turn,
+            max_actions_per_traj=rc.max_actions_per_traj,
+            temperature=self.config.eval.temperature, greedy=kind == "eval_greedy",
+            context_size=self.context_size)
+      self._rollouts[kind] = rollout.make_rollout(self.text_env, self.model_config, rc,
+                                                  self.env_params)
+    return self._rollouts[kind]
+
+  def init_params(self):
+    """Initial policy parameters (random, or the Hugging Face checkpoint)."""
+    c = self.config
+    if c.model_dir:
+      return models.load_hf_checkpoint(c.model_dir)[1]
+    return models.init(self.model_config, jax.random.key(c.seed))
+
+  # ----------------------------------------------------------------------- SFT
+  def demonstrations(self):
+    """Expert demonstrations (one Trajectory) for SFT; levels disjoint from eval."""
+    c = self.config
+    rc = rollout.RolloutConfig(
+        num_groups=c.sft.num_demos, group_size=1, max_turns=self.rollout_config.max_turns,
+        max_tokens_per_turn=self.rollout_config.max_tokens_per_turn,
+        max_actions_per_traj=self.rollout_config.max_actions_per_traj,
+        context_size=self.context_size)
+    return rollout.demonstrations(
+        self.text_env, num_groups=c.sft.num_demos,
+        key=jax.random.fold_in(jax.random.key(c.seed), 1), config=rc,
+        actions_per_turn=c.sft.actions_per_turn)
+
+  def sft(self, writer, *, progress: bool = True):
+    """Behaviour cloning on :meth:`demonstrations`; returns the params."""
+    import tqdm  # pylint: disable=g-import-not-at-top
+    c = self.config
+    params = self.init_params()
+    if not c.sft.steps:
+      return params
+    demos = self.demonstrations()
+    batch_all = demos.to_batch()
+    tc = train.TrainConfig(model=self.model_config, actor_optimizer=train.OptimizerConfig(
+        learning_rate=c.sft.learning_rate, warmup_steps=c.sft.warmup_steps, decay="cosine",
+        decay_steps=max(1, c.sft.steps - c.sft.warmup_steps), weight_decay=0.0))
+    state = train.init_train_state(params, jax.random.key(c.seed), config=tc)
+    rng = np.random.default_rng(c.seed)
+    n = demos.tokens.shape[0]
+    success = float(np.mean(demos.success))
+    for step in tqdm.trange(c.sft.steps, disable=not progress, desc="SFT"):
+      idx = jnp.asarray(rng.choice(n, c.sft.batch_size, replace=False))
+      mb = transforms.Batch(tokens=batch_all.tokens[idx], loss_mask=batch_all.loss_mask[idx])
+      state, m = train.sft_step(state, mb, config=tc)
+      if (step + 1) % 50 == 0 or step + 1 == c.sft.steps:
+        writer.write(-c.sft.steps + step + 1, {
+            **{k: float(v) for k, v in m.items()}, "sft/demo_success": success})
+    return state.params
+
+  # ------------------------------------------------------------------------ RL
+  def rl_state(self, params) -> train.TrainState:
+    """The RL TrainState starting from ``params`` (critic/reference as needed)."""
+    c = self.config
+    return train.init_train_state(
+        params, jax.random.key(c.seed + 1), config=self.train_config,
+        critic=c.rl.critic if self.needs.critic else None, reference=self.needs.reference,
+        objective=self.objective)
+
+  def rl_step(self, state, step: int):
+    """One iteration: rollout, compaction by the filter, train step."""
+    c = self.config
+    key = jax.random.fold_in(jax.random.key(c.seed + 2), step)
+    traj = self.rollout_fn("train")(state.params, key)
+    kept, fm = _compact(traj, self.num_keep, c.rl.filter_mode, c.rl.filter_value,
+                        c.rl.include_zero)
+    state, m = train.train_step(state, kept.to_batch(), objective=self.objective,
+                                config=self.train_config)
+    out = {f"rollout/{k}": float(v) for k, v in traj.metrics().items()}
+    out.update({k: float(v) for k, v in fm.items()})
+    out.update({k: float(v) for k, v in m.items()})
+    return state, out
+
+  # ---------------------------------------------------------------------- eval
+  def evaluate(self, params, *, temperature: float | None = None, greedy: bool = False):
+    """Metrics on the fixed held-out levels (see ``jagent.train`` evaluate)."""
+    fn = self.rollout_fn("eval_greedy" if greedy else "eval_temp")
+    m, _ = _rl.evaluate(fn, params, self.eval_keys, jax.random.key(self.config.seed + 3),
+                        self.config.eval.num_groups)
+    return m
+
+  def evaluate_all(self, params, stage: str, workdir: str) -> dict:
+    """Temperature and greedy evaluation; saves decoded samples; returns a dict."""
+    c = self.config
+    out = {}
+    fn = self.rollout_fn("eval_temp")
+    m, traj = _rl.evaluate(fn, params, self.eval_keys, jax.random.key(c.seed + 3),
+                           c.eval.num_groups)
+    out.update({k: m[k] for k in ("success", "score", "actions", "turns",
+                                  "format_valid_frac", "valid_action_frac")})
+    out["temperature"] = c.eval.temperature
+    if c.eval.greedy:
+      g, _ = _rl.evaluate(self.rollout_fn("eval_greedy"), params, self.eval_keys,
+                          jax.random.key(c.seed + 3), c.eval.num_groups)
+      out["greedy_success"] = g["success"]
+      out["greedy_score"] = g["score"]
+    out["num_levels"] = c.eval.num_levels
+    os.makedirs(os.path.join(workdir, "samples"), exist_ok=True)
+    with open(os.path.join(workdir, "samples", f"{stage}.json"), "w") as f:
+      json.dump(_rl.decode_samples(traj, self.tokenizer, c.eval.samples), f, indent=2)
+    return {k: float(v) if isinstance(v, (float, np.floating)) else v for k, v in out.items()}
+
+  # ---------------------------------------------------------------- checkpoints
+  def checkpointer(self, workdir: str) -> train.Checkpointer:
+    return train.Checkpointer(os.path.join(workdir, "checkpoints"),
+                              keep=self.config.checkpoint.keep, async_save=False)
+
+  def export(self, workdir: str, params) -> None:
+    """Writes the policy as a Hugging Face directory ``<workdir>/policy``."""
+    train.export_policy(params, self.model_config, os.path.join(workdir, "policy"))
+
+
+def _compact_impl(traj, num_keep, mode, value, include_zero):
+  return _rl.compact_groups(traj, num_keep, mode=mode, value=value, include_zero=include_zero)
+
+
+_compact = jax.jit(_compact_impl, static_argnums=(1, 2, 3, 4))

@@ -1,0 +1,73 @@
+r"""Tiny-model CPU configs: any registered env x any algorithm.
+
+    python -m experiments.train --config=experiments/configs/tiny.py:FrozenLake-4x4-v0,grpo
+
+The argument after ``:`` is ``<env id>,<algorithm>`` (default
+``Sokoban-6x6-1box-v0,starpo_s``, the main job). Algorithms: any
+``jagent.transforms`` registry name (ppo, grpo, starpo, starpo_s, dr_grpo,
+gigpo, ...). The defaults are the main job's: SFT warm start on a small
+budget of BFS demonstrations, then RL with 8 groups x 8 rollouts, evaluated on
+128 fixed held-out levels at temperature 0.5 and greedily.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+# Per game: turns, actions and tokens of one episode (RAGEN: 5 turns, 10 actions).
+_GAMES = {
+    "Sokoban": dict(max_turns=5, max_actions_per_traj=10, max_tokens_per_turn=10,
+                    system="You play Sokoban."),
+    "Boxoban": dict(max_turns=5, max_actions_per_traj=10, max_tokens_per_turn=10,
+                    system="You play Sokoban."),
+    "FrozenLake": dict(max_turns=5, max_actions_per_traj=10, max_tokens_per_turn=10,
+                       system="You play FrozenLake."),
+    "Bandit": dict(max_turns=1, max_actions_per_traj=1, max_tokens_per_turn=10,
+                   system="You play a bandit game."),
+    "BanditTest": dict(max_turns=1, max_actions_per_traj=1, max_tokens_per_turn=10,
+                       system="You play a bandit game."),
+    "Countdown": dict(max_turns=1, max_actions_per_traj=1, max_tokens_per_turn=24,
+                      system="You play Countdown."),
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """The config of ``"<env id>,<algorithm>"`` (see the module docstring)."""
+  env, algorithm = (arg or "Sokoban-6x6-1box-v0,starpo_s").split(",")
+  game = _GAMES[env.split("-")[0]]
+  c = ml_collections.ConfigDict()
+  c.env = env
+  c.algorithm = algorithm
+  c.algorithm_kwargs = ml_collections.ConfigDict({"kl_coef": 0.0})
+  c.seed = 0
+  c.model = "tiny"
+  c.tokenizer = "tiny"  # or a Hugging Face model directory
+  c.model_dir = ""  # a Hugging Face checkpoint directory (empty: random init)
+
+  # The tiny model learns the game from the demonstrations, so the prompt is
+  # only the chat framing, the turn and the state (no instructions to read).
+  c.prompt = ml_collections.ConfigDict(dict(
+      system=game["system"], instructions="", first_turn="Turn {turn}:\n{state}\n",
+      next_turn="Reward:\n{reward}\nTurn {turn}:\n{state}\n", think=False,
+      max_actions_per_turn=1, chat_template="chatml"))
+
+  c.rollout = ml_collections.ConfigDict(dict(
+      num_groups=8, group_size=8, max_turns=game["max_turns"],
+      max_tokens_per_turn=game["max_tokens_per_turn"],
+      max_actions_per_traj=game["max_actions_per_traj"], temperature=1.0))
+
+  c.sft = ml_collections.ConfigDict(dict(
+      num_demos=128, steps=400, batch_size=32, learning_rate=1e-3, warmup_steps=20,
+      actions_per_turn=1))
+
+  c.rl = ml_collections.ConfigDict(dict(
+      steps=150, learning_rate=3e-4, warmup_steps=10, decay="linear",
+      critic_learning_rate=1e-3, critic="head", num_minibatches=1, ppo_epochs=1,
+      filter_mode="top_fraction", filter_value=0.5, include_zero=False,
+      max_grad_norm=1.0, weight_decay=0.0))
+
+  c.eval = ml_collections.ConfigDict(dict(
+      num_levels=128, seed=123, every=50, temperature=0.5, greedy=True, num_groups=32,
+      samples=4))
+  c.checkpoint = ml_collections.ConfigDict(dict(every=50, keep=2))
+  return c
