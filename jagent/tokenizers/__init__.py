@@ -7,6 +7,7 @@ from jagent.tokenizers._base import CHAT_TEMPLATES
 from jagent.tokenizers._base import chatml_template
 from jagent.tokenizers._base import gather_bytes
 from jagent.tokenizers._base import llama3_template
+from jagent.tokenizers._base import plain_template
 from jagent.tokenizers._base import Tokenizer
 from jagent.tokenizers._hf import HFTokenizer
 from jagent.tokenizers._sentencepiece import load_tiny_tokenizer
@@ -24,6 +25,7 @@ __all__ = (
     "chatml_template",
     "gather_bytes",
     "llama3_template",
+    "plain_template",
     "load_tiny_tokenizer",
     "tiny_tokenizer_path",
     "train_sentencepiece",

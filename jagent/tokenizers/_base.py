@@ -39,8 +39,19 @@ def llama3_template(messages: Sequence[Message], add_generation_prompt: bool = T
   return out
 
 
+def plain_template(messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+  """A plain-text chat format without special tokens (for models trained from scratch).
+
+  ``{Role}: {content}\n`` per message (role capitalised), then
+  ``"Assistant: "`` when ``add_generation_prompt``. Replies end with the
+  tokenizer's EOS token, which the template never writes.
+  """
+  out = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages)
+  return out + ("Assistant: " if add_generation_prompt else "")
+
+
 CHAT_TEMPLATES: dict[str, Callable[..., str]] = {
-    "chatml": chatml_template, "llama3": llama3_template}
+    "chatml": chatml_template, "llama3": llama3_template, "plain": plain_template}
 
 
 class Tokenizer(abc.ABC):

@@ -70,6 +70,16 @@ class HostTextTest(absltest.TestCase):
                      "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n<think>")
     self.assertEqual(conv.after_reply, "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n")
 
+  def test_plain_template_pieces_and_rendering(self):
+    env, state = sokoban_state()
+    prompt = rollout.PromptConfig.compact(chat_template="plain", think=False)
+    te = rollout.TextEnv(env, TOK, prompt, verify_states=32)
+    grid = env.render_text(state)
+    self.assertTrue(te.first_text(grid, 10).startswith("System: You are a helpful assistant.\n"
+                                                       "User: "))
+    self.assertEqual(te.next_text(grid, 2, 9, 1.0, eos_sampled=True),
+                     f"\nUser: Reward:\n1.0\nTurn 2:\n{grid}\n\nAssistant: ")
+
   def test_format_reward(self):
     for x, want in ((-0.1, "-0.1"), (10.9, "10.9"), (0.0, "0.0"), (-0.30000001, "-0.3"),
                     (1.25, "1.25"), (np.float32(-0.2) + np.float32(-0.1), "-0.3")):
