@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 import jax
@@ -21,6 +22,8 @@ from jagent import rollout
 from jagent import tokenizers
 from jagent import train
 from jagent import transforms
+from jagent.losses import _filters
+from jagent.train import _critic
 from jagent.train import _rl
 
 ALGORITHMS_WITHOUT_FILTER = ()
@@ -55,6 +58,10 @@ def validate(config) -> None:
       raise _bad(f"rollout.{f}", r[f], "must be an int >= 1")
   if config.rl.num_minibatches < 1:
     raise _bad("rl.num_minibatches", config.rl.num_minibatches, "must be >= 1")
+  if config.rl.filter_mode not in _filters.FILTER_MODES:
+    raise _bad("rl.filter_mode", config.rl.filter_mode, f"unknown; known: {_filters.FILTER_MODES}")
+  if config.rl.critic not in _critic.CRITIC_KINDS:
+    raise _bad("rl.critic", config.rl.critic, f"unknown; known: {_critic.CRITIC_KINDS}")
   if config.rl.filter_mode in ("top_fraction", "top_k"):
     try:
       k = _rl.num_kept_groups(r.num_groups, config.rl.filter_mode, config.rl.filter_value)
@@ -72,6 +79,14 @@ def validate(config) -> None:
   if config.sft.steps and config.sft.batch_size > config.sft.num_demos:
     raise _bad("sft.batch_size", config.sft.batch_size,
                f"is larger than sft.num_demos={config.sft.num_demos}")
+  if config.sft.steps and not 1 <= config.sft.actions_per_turn <= (
+      config.prompt.max_actions_per_turn):
+    raise _bad("sft.actions_per_turn", config.sft.actions_per_turn,
+               f"must be in [1, prompt.max_actions_per_turn="
+               f"{config.prompt.max_actions_per_turn}]")
+  for f in ("num_levels", "num_groups"):
+    if not isinstance(config.eval[f], int) or config.eval[f] < 1:
+      raise _bad(f"eval.{f}", config.eval[f], "must be an int >= 1")
   if config.eval.num_levels % config.eval.num_groups:
     raise _bad("eval.num_levels", config.eval.num_levels,
                f"must be a multiple of eval.num_groups={config.eval.num_groups}")
@@ -109,6 +124,10 @@ class Experiment:
         max_tokens_per_turn=r.max_tokens_per_turn, max_actions_per_traj=r.max_actions_per_traj,
         temperature=r.temperature)
     self.context_size = rollout.context_size(self.text_env, self.rollout_config)
+    if self.context_size > self.model_config.max_position:
+      raise _bad("rollout.max_tokens_per_turn", r.max_tokens_per_turn,
+                 f"rollout.max_turns={r.max_turns} turns of it need {self.context_size} "
+                 f"tokens of context; the model has {self.model_config.max_position} positions")
     self._rollouts = {}
     kwargs = dict(c.algorithm_kwargs)
     if c.rl.filter_mode in ("top_fraction", "top_k"):
@@ -211,12 +230,23 @@ class Experiment:
     """One iteration: rollout, compaction by the filter, train step."""
     c = self.config
     key = jax.random.fold_in(jax.random.key(c.seed + 2), step)
-    traj = self.rollout_fn("train")(state.params, key)
+    t0 = time.perf_counter()
+    traj = jax.block_until_ready(self.rollout_fn("train")(state.params, key))
+    t1 = time.perf_counter()
     kept, fm = _compact(traj, self.num_keep, c.rl.filter_mode, c.rl.filter_value,
                         c.rl.include_zero)
-    state, m = train.train_step(state, kept.to_batch(), objective=self.objective,
-                                config=self.train_config)
+    state, m = jax.block_until_ready(train.train_step(
+        state, kept.to_batch(), objective=self.objective, config=self.train_config))
+    t2 = time.perf_counter()
     out = {f"rollout/{k}": float(v) for k, v in traj.metrics().items()}
+    # Throughput per phase: sampled tokens and env turns per second of the
+    # rollout, context tokens (rows x S, padding included) per second of the
+    # update (compaction included).
+    out["time/rollout_seconds"] = t1 - t0
+    out["time/train_seconds"] = t2 - t1
+    out["throughput/rollout_tokens_per_s"] = float(np.sum(traj.loss_mask)) / (t1 - t0)
+    out["throughput/env_turns_per_s"] = float(np.sum(traj.num_turns)) / (t1 - t0)
+    out["throughput/train_tokens_per_s"] = float(np.prod(kept.tokens.shape)) / (t2 - t1)
     out.update({k: float(v) for k, v in fm.items()})
     out.update({k: float(v) for k, v in m.items()})
     return state, out

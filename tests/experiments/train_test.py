@@ -1,0 +1,311 @@
+"""End-to-end tests of the main job (``experiments.train``) and ``experiments.eval``.
+
+One short Bandit-v0 run of the real entry point (``experiments.train.run``) is
+shared by the tests: a tiny model (``nano``), a format-only SFT warm start,
+then Dr.GRPO with StarPO-S's uncertainty filter (top 25% of groups by raw
+reward std) until the policy answers the high arm.
+
+Why a warm start at all: a randomly initialised model never writes the
+``<answer>Dragon</answer>`` format (11 specific tokens of a 512-token
+vocabulary), so every reply scores the -0.1 format penalty, every group has
+zero reward std and RL has no signal (checked: 0 valid replies). The warm
+start therefore teaches the FORMAT only: its demonstrations answer the two
+arms half and half whatever the state (an arm-agnostic expert patched in for
+``jagent.rollout.demonstrations``), so after SFT the policy picks the high arm
+about half the time and the learning of the arm is left to RL.
+
+Why Dr.GRPO with the filter: the high arm pays 1.0 with p = 0.25 else 0 (drawn
+once per initial state, so shared by a group), the low arm 0.1. In the 75% of
+groups where the high arm misses, the low arm wins; group-std-normalised
+advantages (GRPO) then push towards the low arm as hard as the lucky groups
+push towards the high one, and RL learns the low arm. Keeping the groups of
+largest raw reward std (the lucky ones, StarPO-S) and un-normalised
+advantages (Dr.GRPO) follows the expected reward (0.25 > 0.1).
+"""
+
+import glob
+import json
+import os
+import tempfile
+from unittest import mock
+
+from absl import flags
+from absl.testing import absltest
+from absl.testing import flagsaver
+import jax
+import numpy as np
+
+from experiments import common
+from experiments import eval as eval_job
+from experiments import train as train_job
+from experiments.configs import tiny
+from jagent import rollout
+from jagent import train as jtrain
+
+_RL_STEPS = 8
+_KILL_AT = 5  # the resume test's run dies while computing RL step index 5
+_CHECKPOINT_EVERY = 4
+
+
+def _bandit_config():
+  c = tiny.get_config("Bandit-v0,dr_grpo")
+  c.model = "nano"
+  c.seed = 0
+  # "<answer>Phoenix</answer>" is 11 tokens, plus the EOS.
+  c.rollout.update(dict(num_groups=8, group_size=4, max_tokens_per_turn=12,
+                        temperature=1.0))
+  c.sft.update(dict(num_demos=32, steps=60, batch_size=8, learning_rate=2e-2,
+                    warmup_steps=10))
+  c.rl.update(dict(steps=_RL_STEPS, learning_rate=2e-3, warmup_steps=0,
+                   decay="constant", filter_mode="top_fraction", filter_value=0.25,
+                   include_zero=False, num_minibatches=1, ppo_epochs=1))
+  c.eval.update(dict(num_levels=32, num_groups=32, every=_CHECKPOINT_EVERY,
+                     temperature=0.5, greedy=False, samples=2))
+  c.checkpoint.update(dict(every=_CHECKPOINT_EVERY, keep=2))
+  return c
+
+
+_DEMONSTRATIONS = rollout.demonstrations
+
+
+def _format_only_demonstrations(text_env, **kwargs):
+  """Demonstrations answering arm ``row % 2`` whatever the state (see the docstring)."""
+  names = text_env.env.action_names
+
+  def expert(rows, envs, states):
+    del envs, states
+    return [f"<answer>{names[r % 2]}</answer>" for r in rows]
+
+  return _DEMONSTRATIONS(text_env, expert=expert, **kwargs)
+
+
+def _run(config, workdir):
+  with mock.patch.object(rollout, "demonstrations", _format_only_demonstrations):
+    return train_job.run(config, workdir, progress=False)
+
+
+def _deterministic(record):
+  """A metrics record without wall-clock quantities."""
+  return {k: v for k, v in record.items()
+          if not (k.startswith(("time/", "throughput/")) or "seconds" in k
+                  or k.endswith("_per_s"))}
+
+
+def _restore(config, workdir):
+  exp = common.Experiment(config)
+  ckpt = exp.checkpointer(workdir)
+  target = jax.eval_shape(lambda: exp.rl_state(exp.init_params()))
+  state, meta = ckpt.restore(target)
+  ckpt.close()
+  return state, meta
+
+
+class _Killed(Exception):
+  pass
+
+
+class TrainTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.root = tempfile.mkdtemp(prefix="train_test_")
+    cls.workdir = os.path.join(cls.root, "bandit")
+    cls.config = _bandit_config()
+    cls.summary = _run(cls.config, cls.workdir)
+
+  # ------------------------------------------------------------ learning
+  def test_bandit_learns_the_high_arm(self):
+    s = self.summary
+    self.assertEqual((s["env"], s["algorithm"], s["steps"]), ("Bandit-v0", "dr_grpo", _RL_STEPS))
+    # The warm start learned the format but not the arm; RL learned the arm.
+    self.assertGreaterEqual(s["sft"]["format_valid_frac"], 0.8, s)
+    self.assertLessEqual(s["sft"]["success"], 0.8, s)
+    self.assertGreaterEqual(s["rl"]["success"], 0.9, s)
+    with open(os.path.join(self.workdir, "eval_summary.json")) as f:
+      self.assertEqual(json.load(f), s)
+
+  # ------------------------------------------------------ kill and resume
+  def test_killed_run_resumes_to_the_uninterrupted_result(self):
+    workdir = os.path.join(self.root, "killed")
+    real_step = common.Experiment.rl_step
+
+    def dying_step(exp, state, step):
+      if step == _KILL_AT:
+        raise _Killed(step)
+      return real_step(exp, state, step)
+
+    with mock.patch.object(common.Experiment, "rl_step", dying_step):
+      with self.assertRaises(_Killed):
+        _run(self.config, workdir)
+    # Steps 1.._KILL_AT were logged; the last checkpoint is step 4.
+    logged = [r["step"] for r in jtrain.read_metrics(os.path.join(workdir, "metrics.jsonl"))]
+    self.assertEqual(max(logged), _KILL_AT)
+    self.assertFalse(os.path.exists(os.path.join(workdir, "eval_summary.json")))
+
+    summary = _run(self.config, workdir)  # resumes from checkpoint 4
+
+    # Same metrics, record for record (the resumed run dropped the records
+    # written after its checkpoint and wrote them again).
+    want = [_deterministic(r) for r in jtrain.read_metrics(
+        os.path.join(self.workdir, "metrics.jsonl"))]
+    got = [_deterministic(r) for r in jtrain.read_metrics(
+        os.path.join(workdir, "metrics.jsonl"))]
+    self.assertEqual([r["step"] for r in got], [r["step"] for r in want])
+    for w, g in zip(want, got):
+      self.assertEqual(g, w, f"step {w['step']}")
+    self.assertEqual({k: v for k, v in summary.items() if k != "seconds"},
+                     {k: v for k, v in self.summary.items() if k != "seconds"})
+    # Same final train state, every leaf (params, optimizer, rng, counters).
+    want_state, _ = _restore(self.config, self.workdir)
+    got_state, meta = _restore(self.config, workdir)
+    self.assertEqual(int(got_state.step), _RL_STEPS)
+    self.assertEqual(meta["summary"]["sft"], self.summary["sft"])
+    w_leaves = jax.tree.leaves_with_path(want_state)
+    g_leaves = jax.tree.leaves_with_path(got_state)
+    self.assertEqual([p for p, _ in g_leaves], [p for p, _ in w_leaves])
+    for (path, w), (_, g) in zip(w_leaves, g_leaves):
+      if jax.dtypes.issubdtype(w.dtype, jax.dtypes.prng_key):
+        w, g = jax.random.key_data(w), jax.random.key_data(g)
+      np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=0, atol=1e-6,
+                                 err_msg=jax.tree_util.keystr(path))
+
+  # ------------------------------------------------------------ bad configs
+  def test_bad_configs_fail_before_anything_runs(self):
+    def bad(**changes):
+      c = _bandit_config()
+      for path, value in changes.items():
+        node = c
+        *parents, name = path.split("__")
+        for p in parents:
+          node = node[p]
+        node[name] = value
+      return c
+
+    cases = [
+        ("env", bad(env="Sokoban-7x7-v9")),
+        ("algorithm", bad(algorithm="ppo2")),
+        ("model", bad(model="gpt-5")),
+        ("rollout.group_size", bad(rollout__group_size=0)),
+        # 2 kept groups x 4 rows = 8 trained rows, not divisible by 3.
+        ("rl.num_minibatches", bad(rl__num_minibatches=3)),
+        ("rl.filter_value", bad(rl__filter_mode="top_k", rl__filter_value=0)),
+        ("rl.filter_value", bad(rl__filter_value=0.0)),
+        ("rl.filter_mode", bad(rl__filter_mode="top_half")),
+        ("eval.num_levels", bad(eval__num_levels=33)),
+        ("eval.num_groups", bad(eval__num_groups=0)),
+        ("sft.batch_size", bad(sft__batch_size=64)),
+        ("sft.actions_per_turn", bad(sft__actions_per_turn=2)),
+        ("rl.critic", bad(algorithm="ppo", rl__critic="mlp")),
+        # Turns longer than the model's positions (nano: 4096).
+        ("rollout.max_tokens_per_turn", bad(rollout__max_tokens_per_turn=5000)),
+    ]
+    for field, config in cases:
+      with self.subTest(field):
+        workdir = os.path.join(self.root, "bad")
+        with self.assertRaisesRegex(ValueError, rf"config\.{field}="):
+          train_job.run(config, workdir, progress=False)
+        # Raised while building the Experiment: no workdir, SFT, rollout or update.
+        self.assertFalse(os.path.exists(workdir))
+
+  # ---------------------------------------------------------------- outputs
+  def test_outputs(self):
+    w = self.workdir
+    with open(os.path.join(w, "eval_summary.json")) as f:
+      summary = json.load(f)
+    for k in ("env", "algorithm", "sft", "rl", "steps", "seconds"):
+      self.assertIn(k, summary)
+    for stage in ("sft", "rl"):
+      for k in ("success", "score", "actions", "turns", "format_valid_frac"):
+        self.assertIn(k, summary[stage])
+    self.assertEqual(summary["steps"], _RL_STEPS)
+
+    records = jtrain.read_metrics(os.path.join(w, "metrics.jsonl"))
+    rl = [r for r in records if r["step"] >= 1 and "rollout/success" in r]
+    self.assertEqual([r["step"] for r in rl], list(range(1, _RL_STEPS + 1)))
+    echo_trap = ("filter/reward_std_before", "filter/reward_std_after", "actor/entropy",
+                 "train/grad_norm", "policy/clip_frac", "rollout/reply_tokens",
+                 "rollout/success", "rollout/pass_at_group", "rollout/valid_action_frac",
+                 "rollout/effective_action_frac", "rollout/reward_std_in_group")
+    throughput = ("time/step_seconds", "time/rollout_seconds", "time/train_seconds",
+                  "throughput/rollout_tokens_per_s", "throughput/env_turns_per_s",
+                  "throughput/train_tokens_per_s")
+    for r in rl:
+      for k in echo_trap + throughput:
+        self.assertIn(k, r, f"step {r['step']}")
+      for k in throughput:
+        self.assertGreater(r[k], 0.0, (k, r["step"]))
+      self.assertGreaterEqual(r["filter/reward_std_after"], r["filter/reward_std_before"])
+      self.assertBetween(r["rollout/success"], 0.0, 1.0)
+    # Bandit: one turn and one action per episode, 8 x 4 rollouts, 2 groups kept.
+    self.assertTrue(all(r["rollout/turns"] == 1.0 for r in rl))
+    self.assertTrue(all(r["filter/kept_groups"] <= 2.0 for r in rl))
+    self.assertTrue(any("eval/sft/success" in r for r in records if r["step"] == 0))
+    self.assertTrue(any("eval/success" in r for r in records if r["step"] == _CHECKPOINT_EVERY))
+    self.assertTrue(any("eval/rl/success" in r for r in records if r["step"] == _RL_STEPS))
+    self.assertTrue(any("sft/nll" in r for r in records if r["step"] <= 0))
+
+    self.assertGreater(os.path.getsize(os.path.join(w, "curves.png")), 1000)
+    for stage in ("sft", "rl"):
+      with open(os.path.join(w, "samples", f"{stage}.json")) as f:
+        samples = json.load(f)
+      self.assertLen(samples, 2)
+      for s in samples:
+        self.assertIn("Phoenix", s["text"])
+        self.assertIn("Dragon", s["text"])
+        self.assertIsInstance(s["success"], bool)
+    self.assertTrue(os.path.isfile(os.path.join(w, "policy", "config.json")))
+    self.assertTrue(glob.glob(os.path.join(w, "tensorboard", "events.out.tfevents.*")))
+    with open(os.path.join(w, "config.json")) as f:
+      self.assertEqual(json.load(f)["rl"]["steps"], _RL_STEPS)
+
+  # ------------------------------------------------------------- eval.py
+  def test_eval_entry_point_same_env_and_another_env(self):
+    if not flags.FLAGS.is_parsed():
+      flags.FLAGS.mark_as_parsed()
+    cache = jax.config.jax_compilation_cache_dir or ""
+    with mock.patch.dict(os.environ, {"JAX_COMPILATION_CACHE_DIR": cache}):
+      with flagsaver.flagsaver(workdir=self.workdir, env=None, num_levels=None,
+                               temperature=None, greedy=False, group_size=1):
+        eval_job.main(["eval"])
+    with open(os.path.join(self.workdir, "eval_Bandit-v0.json")) as f:
+      same = json.load(f)
+    # The run's levels, temperature and G = 1: the training job's final evaluation.
+    self.assertEqual((same["env"], same["train_env"], same["checkpoint_step"]),
+                     ("Bandit-v0", "Bandit-v0", _RL_STEPS))
+    for k in ("success", "score", "actions", "turns", "format_valid_frac"):
+      self.assertAlmostEqual(same[k], self.summary["rl"][k], places=6, msg=k)
+    self.assertEqual(same["pass_at_group"], same["success"])  # G = 1
+    self.assertLen(same["samples"], 2)
+
+    # Generalisation: the test arm names (Trader/Librarian), 4 samples per level.
+    other = eval_job.evaluate_run(self.workdir, env="BanditTest-v0", num_levels=8,
+                                  group_size=4, temperature=1.0)
+    self.assertEqual(other["output"], os.path.join(self.workdir, "eval_BanditTest-v0.json"))
+    with open(other["output"]) as f:
+      written = json.load(f)
+    self.assertEqual(written["samples"], other["samples"])
+    self.assertEqual((written["env"], written["train_env"], written["num_levels"],
+                      written["group_size"]), ("BanditTest-v0", "Bandit-v0", 8, 4))
+    for k in ("success", "pass_at_group", "score", "actions", "turns", "format_valid_frac"):
+      self.assertBetween(written[k], -1.0, 1.0, k)
+    self.assertGreaterEqual(written["pass_at_group"], written["success"])
+    self.assertIn("Trader", written["samples"][0]["text"])
+
+  def test_eval_errors_name_the_path(self):
+    empty = tempfile.mkdtemp(dir=self.root)
+    with self.assertRaisesRegex(ValueError, "config.json"):
+      eval_job.evaluate_run(empty)
+    with self.assertRaisesRegex(ValueError, "not a directory"):
+      eval_job.evaluate_run(os.path.join(self.root, "missing"))
+    with open(os.path.join(self.workdir, "config.json")) as f, open(
+        os.path.join(empty, "config.json"), "w") as g:
+      g.write(f.read())
+    with self.assertRaisesRegex(ValueError, f"no checkpoint in {empty}"):
+      eval_job.evaluate_run(empty)
+    with self.assertRaisesRegex(ValueError, "--env='Nope-v0'"):
+      eval_job.evaluate_run(self.workdir, env="Nope-v0")
+
+
+if __name__ == "__main__":
+  absltest.main()
