@@ -47,6 +47,16 @@ _WORKDIR = flags.DEFINE_string(
     "workdir", os.path.join(os.path.expanduser("~"), "jagent_runs", "default"),
     "Output directory; an existing run there resumes.")
 
+# The panels of curves.png: success, RAGEN's Echo Trap diagnostics
+# (REFERENCE.md section 3), evaluation and rollout speed. (Every key of the
+# ~80 in metrics.jsonl would take ~20 s to draw and be unreadable.)
+CURVE_KEYS = (
+    "rollout/success", "rollout/pass_at_group", "rollout/score", "eval/success",
+    "filter/reward_std_before", "filter/reward_std_after", "actor/entropy",
+    "train/grad_norm", "train/grad_norm_max", "policy/clip_frac", "rollout/reply_tokens",
+    "rollout/valid_action_frac", "rollout/effective_action_frac", "sft/nll",
+    "throughput/rollout_tokens_per_s")
+
 
 def run(config, workdir: str, *, progress: bool = True) -> dict:
   """Runs SFT, RL and evaluation (resuming from ``workdir``); returns the summary.
@@ -102,7 +112,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   summary["seconds"] = round(time.time() - t_start, 1)
   writer.write(int(state.step), {f"eval/rl/{k}": v for k, v in summary["rl"].items()
                                  if isinstance(v, float)})
-  writer.plot(os.path.join(workdir, "curves.png"))
+  writer.plot(os.path.join(workdir, "curves.png"), CURVE_KEYS)
   writer.close()
   exp.export(workdir, state.params)
   with open(os.path.join(workdir, "eval_summary.json"), "w") as f:

@@ -91,8 +91,7 @@ def _deterministic(record):
                   or k.endswith("_per_s"))}
 
 
-def _restore(config, workdir):
-  exp = common.Experiment(config)
+def _restore(exp, workdir):
   ckpt = exp.checkpointer(workdir)
   target = jax.eval_shape(lambda: exp.rl_state(exp.init_params()))
   state, meta = ckpt.restore(target)
@@ -157,8 +156,9 @@ class TrainTest(absltest.TestCase):
     self.assertEqual({k: v for k, v in summary.items() if k != "seconds"},
                      {k: v for k, v in self.summary.items() if k != "seconds"})
     # Same final train state, every leaf (params, optimizer, rng, counters).
-    want_state, _ = _restore(self.config, self.workdir)
-    got_state, meta = _restore(self.config, workdir)
+    exp = common.Experiment(self.config)
+    want_state, _ = _restore(exp, self.workdir)
+    got_state, meta = _restore(exp, workdir)
     self.assertEqual(int(got_state.step), _RL_STEPS)
     self.assertEqual(meta["summary"]["sft"], self.summary["sft"])
     w_leaves = jax.tree.leaves_with_path(want_state)
