@@ -51,8 +51,9 @@ def _bandit_config():
   c = tiny.get_config("Bandit-v0,dr_grpo")
   c.model = "nano"
   c.seed = 0
-  # "<answer>Phoenix</answer>" is 11 tokens, plus the EOS.
-  c.rollout.update(dict(num_groups=8, group_size=4, max_tokens_per_turn=12,
+  # "<answer>Phoenix</answer>" is 11 tokens plus the EOS; BanditTest-v0's
+  # "<answer>Librarian</answer>" (eval on another env) 13 plus the EOS.
+  c.rollout.update(dict(num_groups=8, group_size=4, max_tokens_per_turn=14,
                         temperature=1.0))
   c.sft.update(dict(num_demos=32, steps=60, batch_size=8, learning_rate=2e-2,
                     warmup_steps=10))
