@@ -26,6 +26,7 @@ advantages (Dr.GRPO) follows the expected reward (0.25 > 0.1).
 import glob
 import json
 import os
+import shutil
 import tempfile
 from unittest import mock
 
@@ -113,6 +114,11 @@ class TrainTest(absltest.TestCase):
     cls.workdir = os.path.join(cls.root, "bandit")
     cls.config = _bandit_config()
     cls.summary = _run(cls.config, cls.workdir)
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.root, ignore_errors=True)
+    super().tearDownClass()
 
   # ------------------------------------------------------------ learning
   def test_bandit_learns_the_high_arm(self):
