@@ -282,8 +282,8 @@ class Experiment:
 
   # ---------------------------------------------------------------- checkpoints
   def checkpointer(self, workdir: str) -> train.Checkpointer:
-    return train.Checkpointer(os.path.join(workdir, "checkpoints"),
-                              keep=self.config.checkpoint.keep, async_save=False)
+    """The run's checkpoints, in ``<workdir>/checkpoints``."""
+    return train.Checkpointer(workdir, keep=self.config.checkpoint.keep, async_save=False)
 
   def export(self, workdir: str, params) -> None:
     """Writes the policy as a Hugging Face directory ``<workdir>/policy``."""

@@ -22,9 +22,10 @@ _GAMES = {
                     system="You play Sokoban."),
     "FrozenLake": dict(max_turns=5, max_actions_per_traj=10, max_tokens_per_turn=10,
                        system="You play FrozenLake."),
-    "Bandit": dict(max_turns=1, max_actions_per_traj=1, max_tokens_per_turn=10,
+    # "<answer>Librarian</answer>" + EOS is 14 tiny-tokenizer tokens.
+    "Bandit": dict(max_turns=1, max_actions_per_traj=1, max_tokens_per_turn=16,
                    system="You play a bandit game."),
-    "BanditTest": dict(max_turns=1, max_actions_per_traj=1, max_tokens_per_turn=10,
+    "BanditTest": dict(max_turns=1, max_actions_per_traj=1, max_tokens_per_turn=16,
                        system="You play a bandit game."),
     "Countdown": dict(max_turns=1, max_actions_per_traj=1, max_tokens_per_turn=24,
                       system="You play Countdown."),
