@@ -2,7 +2,7 @@ r"""Evaluates a trained run's latest checkpoint on fixed held-out levels.
 
     python -m experiments.eval --workdir=/tmp/lake_grpo
     python -m experiments.eval --workdir=/tmp/sokoban --env=Sokoban-6x6-1box-altsym-v0 \
-        --num_levels=256 --temperature=0.5 --group_size=4
+        --num_levels=256 --temperature=0.5 --episodes_per_level=4
     python -m experiments.eval --workdir=/tmp/sokoban --greedy
 
 Reads ``<workdir>/config.json`` (written by ``experiments.train``) and the
@@ -13,7 +13,7 @@ Sokoban or FrozenLake; the text environment changes while the model,
 tokenizer, prompt template and turn/action/token limits stay the run's), and
 plays ``--num_levels`` fixed initial states (PRNG keys split from the run's
 ``eval.seed``, the same held-out levels as the training job's evaluation when
-the env and level count are unchanged) ``--group_size`` times each, at
+the env and level count are unchanged) ``--episodes_per_level`` times each, at
 ``--temperature`` (RAGEN validates at 0.5) or greedily (``--greedy``).
 
 Prints the metrics and writes ``<workdir>/eval_<env>.json`` (or ``--output``)::
@@ -66,8 +66,9 @@ _NUM_LEVELS = flags.DEFINE_integer(
 _TEMPERATURE = flags.DEFINE_float(
     "temperature", None, "Sampling temperature (default: the run's eval.temperature).")
 _GREEDY = flags.DEFINE_bool("greedy", False, "Decode greedily instead of sampling.")
+# Not "group_size": the losses benchmark defines that flag, and tests import both.
 _GROUP_SIZE = flags.DEFINE_integer(
-    "group_size", 1, "Episodes per initial state (G of pass@G).")
+    "episodes_per_level", 1, "Episodes per initial state (G of pass@G).")
 _SAMPLES = flags.DEFINE_integer(
     "samples", None, "Decoded trajectories to save (default: the run's eval.samples).")
 _OUTPUT = flags.DEFINE_string(
