@@ -26,8 +26,6 @@ from jagent.losses import _filters
 from jagent.train import _critic
 from jagent.train import _rl
 
-ALGORITHMS_WITHOUT_FILTER = ()
-
 
 def setup_compilation_cache(path: str | None = None) -> None:
   """Persists XLA compilations across runs (``$JAX_COMPILATION_CACHE_DIR`` wins)."""

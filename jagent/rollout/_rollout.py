@@ -150,7 +150,6 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
         f"({text_env.first_width} tokens) plus max_tokens_per_turn={n_max}")
   env = text_env.env
   env_params = text_env.env_params if env_params is None else env_params
-  text_env.with_budget(config.max_actions_per_traj)
   spec = text_env.parse_spec()
   free_text = env.num_actions == 0
   sampling = config.sampling(text_env.eos_id, text_env.stop_strings)
@@ -273,7 +272,8 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
                 actions=zi, num_turns=zi, eos=zb, last_reward=jnp.zeros((b_size,), jnp.float32))
     # Turn 1's prompt is long: prefill all but its last token here, so that
     # every turn (traced once, in one loop) feeds at most next_width tokens.
-    first, first_len = jax.vmap(text_env.first_prompt)(state)
+    first, first_len = jax.vmap(text_env.first_prompt)(
+        state, jnp.full((b_size,), config.max_actions_per_traj, jnp.int32))
     head = jnp.maximum(first_len - 1, 0)
     w1 = first.shape[1]
     _, cache = _transformer.apply(

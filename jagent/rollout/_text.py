@@ -479,15 +479,18 @@ class TextEnv:
       offset = offset + n
     return out, offset
 
-  def first_prompt(self, state) -> tuple[jax.Array, jax.Array]:
+  def first_prompt(self, state, actions_left) -> tuple[jax.Array, jax.Array]:
     """Token ids of turn 1's prompt for one (unbatched) state; vmap for a batch.
+
+    Args:
+      state: the initial environment state.
+      actions_left: int32 [], the episode's action budget (``{actions_left}``).
 
     Returns:
       ``(tokens int32 [first_width], length int32 [])``, right-padded with the
       tokenizer's pad id.
     """
-    budget = self._actions_budget
-    return self._render(self._first_parts, self.first_width, state, 1, budget, 0.0)
+    return self._render(self._first_parts, self.first_width, state, 1, actions_left, 0.0)
 
   def next_prompt(self, state, turn, actions_left, reward, eos_sampled
                   ) -> tuple[jax.Array, jax.Array]:
@@ -511,13 +514,6 @@ class TextEnv:
     lead_n = jnp.where(eos_sampled, len(b), len(a)).astype(jnp.int32)
     return self._render(self._next_parts, self.next_width, state, turn, actions_left, reward,
                         lead=(lead_toks, lead_n))
-
-  _actions_budget = 10  # replaced by the rollout's max_actions_per_traj (see with_budget)
-
-  def with_budget(self, max_actions_per_traj: int) -> "TextEnv":
-    """Sets the action budget shown in turn 1 (``{actions_left}``); returns self."""
-    self._actions_budget = int(max_actions_per_traj)
-    return self
 
   # ---------------------------------------------------------------- host
   def first_text(self, state_text: str, actions_left: int) -> str:
@@ -554,13 +550,13 @@ class TextEnv:
     left = rng.integers(0, 120, num_states).astype(np.int32)
     reward = (rng.integers(-150, 150, num_states) / 10.0).astype(np.float32)
     eos = rng.random(num_states) < 0.5
-    first, first_n = jax.jit(jax.vmap(self.first_prompt))(states)
+    first, first_n = jax.jit(jax.vmap(self.first_prompt))(states, left)
     nxt, nxt_n = jax.jit(jax.vmap(self.next_prompt))(states, turn, left, reward, eos)
     first, first_n, nxt, nxt_n = map(np.asarray, (first, first_n, nxt, nxt_n))
     for i in range(num_states):
       s = jax.tree.map(lambda x: x[i], states)
       text = env.render_text(s)
-      checks = ((self.first_text(text, self._actions_budget), first[i, :first_n[i]]),
+      checks = ((self.first_text(text, left[i]), first[i, :first_n[i]]),
                 (self.next_text(text, turn[i], left[i], reward[i], eos[i]),
                  nxt[i, :nxt_n[i]]))
       for want_text, got in checks:
