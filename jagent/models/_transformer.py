@@ -262,6 +262,63 @@ def _attention(q_btkgh, k_bksh, v_bksh, mask_bts, dtype):
                     ).astype(dtype)
 
 
+# Query block of the cache-free (training / full forward) attention: block i
+# attends only to keys [0, end_i), skipping the causally masked upper blocks.
+_MIN_QUERY_BLOCK = 64
+_MAX_QUERY_BLOCKS = 16
+
+
+def _dense(x: jax.Array, w: jax.Array) -> jax.Array:
+  """``x [..., D_in] @ w [D_in, *out] -> [..., *out]`` as one 2-D matmul.
+
+  Equal to the einsum; flattening the leading axes first matters on XLA:CPU,
+  where the weight gradient of a 3-D einsum (a contraction over batch and
+  time) ran ~3x slower than that of the 2-D matmul.
+  """
+  lead, out = x.shape[:-1], w.shape[1:]
+  y = jnp.dot(x.reshape(-1, x.shape[-1]), w.reshape(w.shape[0], -1),
+              preferred_element_type=x.dtype)
+  return y.reshape(*lead, *out)
+
+
+def _causal_attention(q_btkgh, k_btkh, v_btkh, mask_btt, dtype):
+  """Causal softmax attention without a cache, in query blocks.
+
+  Same result as :func:`_attention` over all T keys (the mask must be causal:
+  ``mask[b, t, s]`` false for ``s > t``), computed per block of queries
+  against only the keys up to the block's end, with heads leading
+  ([B, H, T, Dh], K/V heads repeated over their G query heads). On XLA:CPU
+  this ran 3.3x faster forward + backward and 4.7x forward at T=421 than the
+  [B, K, G, T, S] form (2-core CPU, B=16, H=4, Dh=16).
+
+  Args:
+    q_btkgh: queries [B, T, K, G, Dh].
+    k_btkh, v_btkh: keys and values [B, T, K, Dh].
+    mask_btt: bool [B, T, T] causal key validity.
+    dtype: the output dtype.
+
+  Returns:
+    [B, T, K, G, Dh] attention outputs.
+  """
+  b, t, nk, g, dh = q_btkgh.shape
+  scale = 1.0 / math.sqrt(dh)
+  q = q_btkgh.reshape(b, t, nk * g, dh).transpose(0, 2, 1, 3)  # [B, H, T, Dh]
+  k = jnp.repeat(k_btkh.transpose(0, 2, 1, 3), g, axis=1)  # [B, H, T, Dh]
+  v = jnp.repeat(v_btkh.transpose(0, 2, 1, 3), g, axis=1)
+  block = max(_MIN_QUERY_BLOCK, -(-t // _MAX_QUERY_BLOCKS))
+  outs = []
+  for start in range(0, t, block):
+    end = min(t, start + block)
+    s = jnp.einsum("bhtd,bhsd->bhts", q[:, :, start:end], k[:, :, :end],
+                   preferred_element_type=jnp.float32) * scale
+    s = jnp.where(mask_btt[:, None, start:end, :end], s, jnp.finfo(jnp.float32).min)
+    p = jax.nn.softmax(s, axis=-1).astype(dtype)
+    outs.append(jnp.einsum("bhts,bhsd->bhtd", p, v[:, :, :end],
+                           preferred_element_type=jnp.float32).astype(dtype))
+  o = jnp.concatenate(outs, axis=2)  # [B, H, T, Dh]
+  return o.transpose(0, 2, 1, 3).reshape(b, t, nk, g, dh)
+
+
 def hidden_states(
     params: Params,
     tokens: jax.typing.ArrayLike,
@@ -325,32 +382,32 @@ def hidden_states(
 
   for i, lp in enumerate(params.layers):
     h_btd = _rms_norm(x, lp.attn_norm, c.norm_eps)
-    q = jnp.einsum("btd,dnh->btnh", h_btd, lp.wq.astype(dt))
-    k = jnp.einsum("btd,dkh->btkh", h_btd, lp.wk.astype(dt))
-    v = jnp.einsum("btd,dkh->btkh", h_btd, lp.wv.astype(dt))
+    q = _dense(h_btd, lp.wq.astype(dt))  # [B, T, N, Dh]
+    k = _dense(h_btd, lp.wk.astype(dt))  # [B, T, K, Dh]
+    v = _dense(h_btd, lp.wv.astype(dt))
     if lp.bq is not None:
       q = q + lp.bq.astype(dt)[None, None]
       k = k + lp.bk.astype(dt)[None, None]
       v = v + lp.bv.astype(dt)[None, None]
     q = _rope(q, cos, sin)
     k = _rope(k, cos, sin)
+    q = q.reshape(b, t, c.num_kv_heads, g, c.head_dim)
     if cache is None:
-      k_all = k.transpose(0, 2, 1, 3)  # [B, K, T, Dh]
-      v_all = v.transpose(0, 2, 1, 3)
+      o = _causal_attention(q, k, v, mask, dt)
     else:
       # Advanced indices on axes 0 and 2 put them first: updates are [B, T, K, Dh].
       k_all = cache.k[i].at[rows, :, slots, :].set(k.astype(cache.k[i].dtype), mode="drop")
       v_all = cache.v[i].at[rows, :, slots, :].set(v.astype(cache.v[i].dtype), mode="drop")
       new_k.append(k_all)
       new_v.append(v_all)
-    q = q.reshape(b, t, c.num_kv_heads, g, c.head_dim)
-    o = _attention(q, k_all.astype(dt), v_all.astype(dt), mask, dt)
+      o = _attention(q, k_all.astype(dt), v_all.astype(dt), mask, dt)
     o = o.reshape(b, t, c.num_heads, c.head_dim)
-    x = x + jnp.einsum("btnh,nhd->btd", o, lp.wo.astype(dt))
+    x = x + _dense(o.reshape(b, t, c.num_heads * c.head_dim),
+                   lp.wo.astype(dt).reshape(c.num_heads * c.head_dim, -1))
     h_btd = _rms_norm(x, lp.mlp_norm, c.norm_eps)
-    gate = jnp.einsum("btd,df->btf", h_btd, lp.w_gate.astype(dt))
-    up = jnp.einsum("btd,df->btf", h_btd, lp.w_up.astype(dt))
-    x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, lp.w_down.astype(dt))
+    gate = _dense(h_btd, lp.w_gate.astype(dt))
+    up = _dense(h_btd, lp.w_up.astype(dt))
+    x = x + _dense(jax.nn.silu(gate) * up, lp.w_down.astype(dt))
 
   x = _rms_norm(x, params.final_norm, c.norm_eps)
   if cache is None:
@@ -366,11 +423,13 @@ def output_logits(params: Params, h: jax.Array, config: ModelConfig) -> jax.Arra
   embeddings, else ``h @ lm_head``; accumulated in float32.
   """
   dt = config.jnp_dtype
+  h2 = h.reshape(-1, h.shape[-1])  # 2-D: see _dense
   if params.lm_head is None:
-    return jnp.einsum("...d,vd->...v", h, params.embed.astype(dt),
-                      preferred_element_type=jnp.float32)
-  return jnp.einsum("...d,dv->...v", h, params.lm_head.astype(dt),
-                    preferred_element_type=jnp.float32)
+    y = jax.lax.dot_general(h2, params.embed.astype(dt), (((1,), (1,)), ((), ())),
+                            preferred_element_type=jnp.float32)
+  else:
+    y = jnp.dot(h2, params.lm_head.astype(dt), preferred_element_type=jnp.float32)
+  return y.reshape(*h.shape[:-1], y.shape[-1])
 
 
 def apply(
