@@ -302,14 +302,27 @@ def _check_group(name, x):
   _checks.check_float(name, x)
 
 
-def _group_mean_std(s_g):
-  """Mean and unbiased std of one group (std 0 for a group of one)."""
+def centred(s: Array, axis: int = -1) -> Array:
+  """``s - mean(s)`` along ``axis``, exactly 0 where all entries are equal.
+
+  The float32 mean of equal values can round (eight scores of 10.7 average to
+  10.699999), leaving deviations of ~1e-6 whose std-normalisation turns a
+  group with no signal into advantages of ~0.5 that do not sum to zero. A
+  second pass removes the rounding of the first mean; equal entries give 0.
+  """
+  c = s - jnp.mean(s, axis=axis, keepdims=True)
+  c = c - jnp.mean(c, axis=axis, keepdims=True)
+  equal = jnp.max(s, axis=axis, keepdims=True) == jnp.min(s, axis=axis, keepdims=True)
+  return jnp.where(equal, 0.0, c)
+
+
+def _group_centred_std(s_g):
+  """Centred scores and unbiased std of one group (std 0 for a group of one)."""
   g = s_g.shape[0]
-  mean = jnp.mean(s_g)
+  c = centred(s_g)
   if g == 1:
-    return mean, jnp.zeros((), jnp.float32)
-  var = jnp.sum(jnp.square(s_g - mean)) / (g - 1)
-  return mean, jnp.sqrt(var)
+    return c, jnp.zeros((), jnp.float32)
+  return c, jnp.sqrt(jnp.sum(jnp.square(c)) / (g - 1))
 
 
 def grpo_advantages(
@@ -345,9 +358,8 @@ def grpo_advantages(
   s = _checks.f32(scores_g)
   if s.shape[0] == 1:
     return jnp.zeros_like(s)
-  mean, std = _group_mean_std(s)
-  centred = s - mean
-  return centred / (std + eps) if normalize_std else centred
+  c, std = _group_centred_std(s)
+  return c / (std + eps) if normalize_std else c
 
 
 def dr_grpo_advantages(scores_g: ArrayLike) -> Array:
@@ -397,7 +409,7 @@ def rloo_advantages(scores_g: ArrayLike) -> Array:
   g = s.shape[0]
   if g == 1:
     return jnp.zeros_like(s)
-  return s - (jnp.sum(s) - s) / (g - 1)
+  return centred(s) * (g / (g - 1))
 
 
 def masked_whiten(
@@ -629,13 +641,16 @@ def gigpo_advantages(
   same_f = same.astype(jnp.float32)
   count = jnp.sum(same_f, axis=1)
   mean = same_f @ ret / jnp.maximum(count, 1.0)
-  centred = ret - mean
+  # Exactly 0 in a step group whose returns are all equal (see `centred`).
+  hi = jnp.max(jnp.where(same, ret[None, :], -jnp.inf), axis=1)
+  lo = jnp.min(jnp.where(same, ret[None, :], jnp.inf), axis=1)
+  dev = jnp.where(hi == lo, 0.0, ret - mean)
   if normalize_std:
     sq = same_f * jnp.square(ret[None, :] - mean[:, None])
     var = jnp.sum(sq, axis=1) / jnp.maximum(count - 1.0, 1.0)
-    std = jnp.where(count > 1.0, jnp.sqrt(var), 0.0)
-    centred = centred / (std + eps)
-  step = jnp.where(valid, centred, 0.0).reshape(shape)
+    std = jnp.where((count > 1.0) & (hi > lo), jnp.sqrt(var), 0.0)
+    dev = dev / (std + eps)
+  step = jnp.where(valid, dev, 0.0).reshape(shape)
   combined = jnp.where(m > 0, episode[:, None] + step_weight * step, 0.0)
   return GigpoAdvantages(episode, step, combined,
                          count.astype(jnp.int32).reshape(shape))

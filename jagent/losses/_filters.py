@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from jagent._src.types import Array
 from jagent._src.types import ArrayLike
+from jagent.losses import _advantages
 from jagent.losses import _checks
 
 TOP_FRACTION = "top_fraction"
@@ -69,8 +70,7 @@ def group_std(scores_ng: ArrayLike) -> Array:
   g = s.shape[1]
   if g == 1:
     return jnp.zeros(s.shape[:1], jnp.float32)
-  mean = jnp.mean(s, axis=1, keepdims=True)
-  return jnp.sqrt(jnp.sum(jnp.square(s - mean), axis=1) / (g - 1))
+  return jnp.sqrt(jnp.sum(jnp.square(_advantages.centred(s, axis=1)), axis=1) / (g - 1))
 
 
 def _ranks(std, eligible):

@@ -148,14 +148,21 @@ _CONFIGS: dict[str, ModelConfig] = {
         num_kv_heads=2, head_dim=32, mlp_dim=384, qkv_bias=True, tie_embeddings=True,
         rope_theta=10000.0, norm_eps=1e-6, max_position=4096, bos_id=None, eos_id=2,
         pad_id=0),
-    # ~10.8M parameters (d384, 6 layers, vocab 8k), the STACK.md reference size.
-    # ~0.16M parameters: the fastest CPU policy (few heads and layers, since
-    # softmax over [heads, S, S] dominates training on long multi-turn contexts).
+    # ~0.16M parameters: the fastest CPU policy (narrow and shallow; attention
+    # over [heads, S, S] dominates training on long multi-turn contexts).
     "nano": ModelConfig(
         family="qwen2", vocab_size=512, embed_dim=64, num_layers=2, num_heads=4,
         num_kv_heads=2, head_dim=16, mlp_dim=256, qkv_bias=True, tie_embeddings=True,
         rope_theta=10000.0, norm_eps=1e-6, max_position=4096, bos_id=None, eos_id=2,
         pad_id=0),
+    # ~0.28M parameters: "nano" with 4 layers, the main job's policy. Two
+    # layers stayed at uniform actions after SFT on Sokoban; four learn it.
+    "micro": ModelConfig(
+        family="qwen2", vocab_size=512, embed_dim=64, num_layers=4, num_heads=4,
+        num_kv_heads=2, head_dim=16, mlp_dim=256, qkv_bias=True, tie_embeddings=True,
+        rope_theta=10000.0, norm_eps=1e-6, max_position=4096, bos_id=None, eos_id=2,
+        pad_id=0),
+    # ~10.8M parameters (d384, 6 layers, vocab 8k), the STACK.md reference size.
     "small-10m": ModelConfig(
         family="qwen2", vocab_size=8192, embed_dim=384, num_layers=6, num_heads=6,
         num_kv_heads=2, head_dim=64, mlp_dim=768, qkv_bias=True, tie_embeddings=True,

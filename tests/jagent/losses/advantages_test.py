@@ -242,6 +242,19 @@ class GroupAdvantagesTest(chex.TestCase, parameterized.TestCase):
     np.testing.assert_array_equal(
         jax.jit(losses.grpo_advantages)(jnp.full((4,), 2.5)), np.zeros(4))
 
+  @parameterized.parameters(losses.grpo_advantages, losses.dr_grpo_advantages,
+                            losses.rloo_advantages)
+  def test_equal_scores_whose_mean_rounds_are_exactly_zero(self, fn):
+    # The float32 mean of eight 10.7s is 10.699999: a naive (s - mean) / (std
+    # + 1e-6) gave 0.47 to every member of a group with no signal.
+    s = jnp.full((8,), 10.7, jnp.float32)
+    self.assertNotEqual(float(jnp.mean(s)), float(s[0]))
+    np.testing.assert_array_equal(jax.jit(fn)(s), np.zeros(8))
+    # Nearly equal scores keep their (small) signal and sum to ~0.
+    out = np.asarray(jax.jit(fn)(jnp.array([10.7, 10.7, 10.6, 10.7], jnp.float32)))
+    self.assertLess(out[2], 0.0)
+    self.assertAlmostEqual(float(out.sum()), 0.0, places=4)
+
   @chex.variants(**_JIT)
   def test_rloo_is_leave_one_out(self):
     rng = np.random.default_rng(4)
@@ -337,6 +350,16 @@ class GigpoTest(chex.TestCase):
     np.testing.assert_allclose(out.step, [[1 / 3, -2 / 3], [1 / 3, 0.0]],
                                rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out.episode, [0.0, 0.0])
+
+  def test_equal_step_returns_are_exactly_zero(self):
+    # Both trajectories reach anchor 5 with return 0.7 (three 0.1-ish
+    # rewards summed in float32): no step-level signal, so exactly 0.
+    step_r = jnp.array([[0.1, 0.2, 0.4], [0.1, 0.2, 0.4]], jnp.float32)
+    anchors = jnp.array([[5, 6, 7], [5, 6, 7]], jnp.int32)
+    out = _jit(losses.gigpo_advantages, step_gamma=1.0)(
+        jnp.array([0.7, 0.7]), step_r, anchors, jnp.ones((2, 3)))
+    np.testing.assert_array_equal(out.step, np.zeros((2, 3)))
+    np.testing.assert_array_equal(out.episode, np.zeros(2))
 
   def test_bad_anchor_dtype(self):
     with self.assertRaisesRegex(ValueError, "integer"):

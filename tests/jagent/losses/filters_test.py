@@ -28,6 +28,12 @@ def _filter(mode, value, include_zero=True):
 
 class FilterTest(chex.TestCase, parameterized.TestCase):
 
+  def test_equal_scores_have_zero_std(self):
+    # float32 mean of eight 10.7s rounds; equal scores must still count as
+    # zero-variance groups (include_zero=False drops them).
+    std = jax.jit(losses.group_std)(jnp.full((2, 8), 10.7, jnp.float32))
+    np.testing.assert_array_equal(std, [0.0, 0.0])
+
   def test_group_std_is_order_invariant(self):
     std = jax.jit(losses.group_std)(_SCORES)
     np.testing.assert_allclose(std, _STD, rtol=1e-6)
