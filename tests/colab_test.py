@@ -59,7 +59,7 @@ class ColabTest(parameterized.TestCase):
   def test_there_are_notebooks(self):
     self.assertNotEmpty(TWINS)
 
-  @parameterized.parameters(*[(t,) for t in TWINS])
+  @parameterized.named_parameters(*[(t, t) for t in TWINS])
   def test_notebook_equals_twin(self, name):
     want = percent_cells((COLAB / f"{name}.py").read_text())
     path = COLAB / f"{name}.ipynb"
@@ -70,7 +70,7 @@ class ColabTest(parameterized.TestCase):
            for c in json.loads(path.read_text())["cells"]]
     self.assertEqual(got, want, f"{path.name} differs from {name}.py; regenerate it")
 
-  @parameterized.parameters(*[(t,) for t in TWINS])
+  @parameterized.named_parameters(*[(t, t) for t in TWINS])
   def test_twin_runs(self, name):
     result = subprocess.run(
         [sys.executable, str(COLAB / f"{name}.py")], cwd=COLAB, capture_output=True,
