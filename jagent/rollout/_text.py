@@ -334,16 +334,19 @@ class TextEnv:
       env_params = env.default_params
     self.env_params = env_params
     self._build_symbol_table()
-    states = self._sample_states(max(verify_states, 64), verify_seed)
-    self._state_len = self._state_width(states)
     self._first_parts = self._parts(conv.first_prefix, prompt.first_turn)
     self._next_parts = self._parts(None, prompt.next_turn)
-    self.first_width = self._width(self._first_parts)
     self._lead = tuple(np.asarray(self.tokenizer.encode(t), np.int32)
                        for t in (conv.after_reply, conv.after_reply_eos))
+    # One compile draws the states, which set the width of the {state} field, and
+    # renders their prompts into buffers sized for the field's bound; a prompt in
+    # the final, narrower buffer is the same one cut at that width.
+    drawn = self._draw(max(verify_states, 64), verify_seed)
+    self._state_len = self._state_width(drawn["ids"])
+    self.first_width = self._width(self._first_parts)
     self.next_width = self._width(self._next_parts, max(len(t) for t in self._lead))
     if verify_states:
-      self._verify(states, verify_seed)
+      self._check(drawn)
 
   # ----------------------------------------------------------- host pieces
   def _build_symbol_table(self):
@@ -363,7 +366,7 @@ class TextEnv:
     self._table = table
     self._table_len = np.array([len(i) for i in ids], np.int32)
 
-  def _state_width(self, states) -> int:
+  def _state_width(self, ids: np.ndarray) -> int:
     """Token width of the ``{state}`` field.
 
     ``render_length x`` the longest symbol bounds it; when that is much more
@@ -371,23 +374,50 @@ class TextEnv:
     symbols are long phrases used once, like Bandit's), the width is that
     longest seen plus a margin of 8 median symbols, and a longer state at
     run time is reported as a prompt overflow by the rollout.
+
+    Args:
+      ids: int32 [B, n], ``render_symbols`` of the sampled states.
     """
     env_len = self._table_len[:len(self.env.symbols)]
-    longest = int(env_len.max())
-    render = jax.eval_shape(self.env.render_symbols,
-                            jax.tree.map(lambda x: x[0], states))
-    bound = longest * int(render.shape[0])
-    seen = int(jax.jit(jax.vmap(lambda s: jnp.sum(jnp.asarray(env_len)[
-        self.env.render_symbols(s)])))(states).max())
+    bound = self._state_bound(ids.shape[-1])
+    seen = int(env_len[ids].sum(-1).max())
     margin = 8 * max(1, int(np.median(env_len[1:])))
     return min(bound, seen + margin)
 
-  def _sample_states(self, num_states: int, seed: int):
-    """Resets from ``num_states`` keys plus 0-3 random actions (discrete games)."""
-    env, params = self.env, self.env_params
-    keys = jax.random.split(jax.random.key(seed), num_states)
+  def _state_bound(self, render_len: int) -> int:
+    """Tokens of a state rendering of ``render_len`` symbols, at most."""
+    return int(self._table_len[:len(self.env.symbols)].max()) * render_len
 
-    def walk(key):
+  def _draw(self, num_states: int, seed: int, widths: tuple[int, int] | None = None
+            ) -> dict[str, Any]:
+    """Draws verification states and renders their prompts in one jitted call.
+
+    States are resets from ``num_states`` keys plus 0-3 random actions
+    (discrete games); turn numbers (2-39), budgets (0-119), rewards (tenths in
+    [-15, 15)) and EOS flags are drawn on the host from ``seed``.
+
+    Args:
+      num_states: B, the number of states.
+      seed: the seed of the keys and of the host draws.
+      widths: ``(first, next)`` buffer widths; None: sized for the state
+        field's bound (before the widths are known).
+
+    Returns:
+      A dict of numpy arrays: ``ids`` int32 [B, n] (``render_symbols``),
+      ``first``/``next`` int32 [B, W] tokens with ``first_n``/``next_n``
+      int32 [B] lengths, the draws ``turn``, ``left`` int32 [B], ``reward``
+      float32 [B], ``eos`` bool [B]; and ``states`` (device pytree, leading
+      axis B).
+    """
+    env, params = self.env, self.env_params
+    rng = np.random.default_rng(seed)
+    turn = rng.integers(2, 40, num_states).astype(np.int32)
+    left = rng.integers(0, 120, num_states).astype(np.int32)
+    reward = (rng.integers(-150, 150, num_states) / 10.0).astype(np.float32)
+    eos = rng.random(num_states) < 0.5
+    lead = max(len(t) for t in self._lead)
+
+    def one(key, turn, left, reward, eos):
       k0, k1 = jax.random.split(key)
       _, state = env.reset(k0, params)
       if env.num_actions:
@@ -398,9 +428,28 @@ class TextEnv:
           take = i < jax.random.randint(k, (), 0, 4)
           return _environment.tree_select(take, nxt, s), k
         state, _ = jax.lax.fori_loop(0, 3, step, (state, k1))
-      return state
+      ids = jnp.asarray(env.render_symbols(state), jnp.int32)
+      if widths is None:
+        bound = self._state_bound(ids.shape[0])
+        wf = self._width(self._first_parts, state_len=bound)
+        wn = self._width(self._next_parts, lead, state_len=bound)
+      else:
+        wf, wn = widths
+      first = self._render(self._first_parts, wf, state, 1, left, 0.0)
+      nxt = self._next_render(wn, state, turn, left, reward, eos)
+      return state, ids, first, nxt
 
-    return jax.jit(jax.vmap(walk))(keys)
+    @jax.jit
+    def draw(seed, turn, left, reward, eos):
+      keys = jax.random.split(jax.random.key(seed), num_states)
+      return jax.vmap(one)(keys, turn, left, reward, eos)
+
+    states, ids, (first, first_n), (nxt, nxt_n) = draw(
+        np.int32(seed), turn, left, reward, eos)
+    out = dict(zip(("ids", "first", "first_n", "next", "next_n"),
+                   map(np.asarray, (ids, first, first_n, nxt, nxt_n))))
+    out.update(turn=turn, left=left, reward=reward, eos=eos, states=states)
+    return out
 
   def _parts(self, prefix: str | None, template: str) -> list[_Part]:
     parts = []
@@ -425,17 +474,17 @@ class TextEnv:
     flush(text + self.conversation.generation_prompt)
     return parts
 
-  def _field_max_tokens(self, field: str) -> int:
+  def _field_max_tokens(self, field: str, state_len: int | None = None) -> int:
     digit_w = int(self._table_len[self._digit0:].max())
     if field in ("turn", "actions_left"):
       return _INT_DIGITS * digit_w
     if field == "reward":
       return (3 + _REWARD_INT_DIGITS + _REWARD_FRAC_DIGITS) * digit_w
-    return self._state_len
+    return self._state_len if state_len is None else state_len
 
-  def _width(self, parts, lead: int = 0) -> int:
-    return lead + sum(len(p.const) if p.const is not None else self._field_max_tokens(p.field)
-                      for p in parts)
+  def _width(self, parts, lead: int = 0, state_len: int | None = None) -> int:
+    return lead + sum(len(p.const) if p.const is not None
+                      else self._field_max_tokens(p.field, state_len) for p in parts)
 
   # -------------------------------------------------------------- device
   def _field_symbols(self, field, state, turn, actions_left, reward):
@@ -507,12 +556,16 @@ class TextEnv:
     Returns:
       ``(tokens int32 [next_width], length int32 [])``.
     """
+    return self._next_render(self.next_width, state, turn, actions_left, reward, eos_sampled)
+
+  def _next_render(self, width, state, turn, actions_left, reward, eos_sampled):
+    """:meth:`next_prompt` into a buffer of ``width`` tokens."""
     a, b = self._lead
     w = max(len(a), len(b), 1)
     lead_toks = jnp.where(eos_sampled, jnp.pad(jnp.asarray(b), (0, w - len(b))),
                           jnp.pad(jnp.asarray(a), (0, w - len(a))))
     lead_n = jnp.where(eos_sampled, len(b), len(a)).astype(jnp.int32)
-    return self._render(self._next_parts, self.next_width, state, turn, actions_left, reward,
+    return self._render(self._next_parts, width, state, turn, actions_left, reward,
                         lead=(lead_toks, lead_n))
 
   # ---------------------------------------------------------------- host
@@ -540,25 +593,28 @@ class TextEnv:
       ValueError: naming the first prompt whose device ids differ from
         ``encode`` of its text, with the differing tokens.
     """
-    self._verify(self._sample_states(num_states, seed), seed)
+    self._check(self._draw(num_states, seed, (self.first_width, self.next_width)))
 
-  def _verify(self, states, seed: int) -> None:
+  def _check(self, drawn: dict[str, Any]) -> None:
+    """Compares each drawn prompt with ``encode`` of its host text (see verify).
+
+    A prompt rendered into a wider buffer than ``first_width`` /
+    ``next_width`` is cut at that width, as its rendering there would be.
+    """
     env = self.env
-    num_states = jax.tree.leaves(states)[0].shape[0]
-    rng = np.random.default_rng(seed)
-    turn = rng.integers(2, 40, num_states).astype(np.int32)
-    left = rng.integers(0, 120, num_states).astype(np.int32)
-    reward = (rng.integers(-150, 150, num_states) / 10.0).astype(np.float32)
-    eos = rng.random(num_states) < 0.5
-    first, first_n = jax.jit(jax.vmap(self.first_prompt))(states, left)
-    nxt, nxt_n = jax.jit(jax.vmap(self.next_prompt))(states, turn, left, reward, eos)
-    first, first_n, nxt, nxt_n = map(np.asarray, (first, first_n, nxt, nxt_n))
-    for i in range(num_states):
-      s = jax.tree.map(lambda x: x[i], states)
-      text = env.render_text(s)
-      checks = ((self.first_text(text, left[i]), first[i, :first_n[i]]),
+    ids, first, first_n, nxt, nxt_n, turn, left, reward, eos = (drawn[k] for k in (
+        "ids", "first", "first_n", "next", "next_n", "turn", "left", "reward", "eos"))
+    # The host text is env.render_text; the base class's joins the symbols of the
+    # ids drawn on device (one state at a time it would run render_symbols eagerly).
+    own_text = type(env).render_text is not _environment.Environment.render_text
+    for i in range(ids.shape[0]):
+      if own_text:
+        text = env.render_text(jax.tree.map(lambda x, i=i: x[i], drawn["states"]))
+      else:
+        text = "".join(env.symbols[j] for j in ids[i])
+      checks = ((self.first_text(text, left[i]), first[i, :min(first_n[i], self.first_width)]),
                 (self.next_text(text, turn[i], left[i], reward[i], eos[i]),
-                 nxt[i, :nxt_n[i]]))
+                 nxt[i, :min(nxt_n[i], self.next_width)]))
       for want_text, got in checks:
         want = self.tokenizer.encode(want_text)
         if list(got) != list(want):
