@@ -58,6 +58,9 @@ def validate(config) -> None:
     raise _bad("rl.num_minibatches", config.rl.num_minibatches, "must be >= 1")
   if config.rl.filter_mode not in _filters.FILTER_MODES:
     raise _bad("rl.filter_mode", config.rl.filter_mode, f"unknown; known: {_filters.FILTER_MODES}")
+  if config.rl.old_logprobs not in train.OLD_LOGPROBS:
+    raise _bad("rl.old_logprobs", config.rl.old_logprobs,
+               f"unknown; known: {train.OLD_LOGPROBS}")
   if config.rl.critic not in _critic.CRITIC_KINDS:
     raise _bad("rl.critic", config.rl.critic, f"unknown; known: {_critic.CRITIC_KINDS}")
   if config.rl.filter_mode in ("top_fraction", "top_k"):
@@ -150,7 +153,8 @@ class Experiment:
         critic_optimizer=train.OptimizerConfig(
             learning_rate=rl.critic_learning_rate, weight_decay=rl.weight_decay,
             max_grad_norm=rl.max_grad_norm),
-        temperature=r.temperature, ppo_epochs=rl.ppo_epochs, num_minibatches=rl.num_minibatches)
+        temperature=r.temperature, ppo_epochs=rl.ppo_epochs, num_minibatches=rl.num_minibatches,
+        old_logprobs=rl.old_logprobs)
     self.eval_keys = jax.random.split(jax.random.key(c.eval.seed), c.eval.num_levels)
 
   # ------------------------------------------------------------------ rollouts

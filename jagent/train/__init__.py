@@ -34,6 +34,7 @@ from jagent.train._optim import make_schedule
 from jagent.train._optim import OptimizerConfig
 from jagent.train._state import init_train_state
 from jagent.train._state import objective_needs
+from jagent.train._state import OLD_LOGPROBS
 from jagent.train._state import ObjectiveNeeds
 from jagent.train._state import TrainConfig
 from jagent.train._state import TrainState
@@ -49,6 +50,7 @@ __all__ = (
     "CriticParams",
     "LogprobsOutput",
     "MetricsWriter",
+    "OLD_LOGPROBS",
     "ObjectiveNeeds",
     "OptimizerConfig",
     "TrainConfig",

@@ -21,6 +21,9 @@ from jagent.train import _optim
 from jagent.transforms import _aliases
 
 
+OLD_LOGPROBS = ("recompute", "sampler")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   """Static settings of :func:`train_step` / :func:`sft_step` (hashable).
@@ -42,6 +45,14 @@ class TrainConfig:
     num_minibatches: optimizer updates per epoch; must divide B.
     num_microbatches: gradient-accumulation chunks per minibatch; must divide
       the minibatch rows. Also the chunk count of the no-grad forward.
+    old_logprobs: where the PPO ratio's old log-probs come from:
+      ``"recompute"`` (a no-grad forward of the pre-update policy, RAGEN /
+      verl's way, needed when the sampler's numerics differ from the
+      trainer's) or ``"sampler"`` (``Batch.sampler_logprobs``, the behaviour
+      policy's own log-probs: jagent's sampler matches the trainer's forward
+      to ~1e-5, and this skips one forward pass per step when the state has
+      no critic and no reference policy; ``actor/entropy`` is then the loss
+      passes' token-weighted entropy).
     shuffle_minibatches: permute rows (with the state's rng) before each
       epoch's split into minibatches; False keeps batch order (verl's
       ``shuffle: false`` default). Rows dropped by a rollout filter are
@@ -63,6 +74,7 @@ class TrainConfig:
   num_minibatches: int = 1
   num_microbatches: int = 1
   shuffle_minibatches: bool = False
+  old_logprobs: str = "recompute"
 
   def __post_init__(self):
     def bad(field, why):
@@ -75,6 +87,8 @@ class TrainConfig:
         bad(f, "must be an OptimizerConfig")
     if not (self.temperature > 0 and math.isfinite(self.temperature)):
       bad("temperature", "must be a positive finite float")
+    if self.old_logprobs not in OLD_LOGPROBS:
+      bad("old_logprobs", f"must be one of {OLD_LOGPROBS}")
     for f in ("ppo_epochs", "num_minibatches", "num_microbatches"):
       v = getattr(self, f)
       if not isinstance(v, int) or isinstance(v, bool) or v < 1:

@@ -6,7 +6,9 @@ One RL step (:func:`train_step`):
    ``M = num_minibatches``, ``K = num_microbatches``): ``old_logprobs``
    (current policy at ``config.temperature``), ``ref_logprobs`` (if the state
    has a reference policy), rollout-time ``values`` (if it has a critic) and
-   the pre-update entropy.
+   the pre-update entropy. With ``TrainConfig.old_logprobs="sampler"`` the
+   old log-probs are the batch's ``sampler_logprobs`` and, without critic and
+   reference, this forward is skipped.
 2. ``objective.update(batch, state.objective_state)``: advantages, returns,
    the filter's keep mask (dropped rows get ``loss_mask = 0``; they still
    cost compute: rows are not compacted), batch metrics.
@@ -311,21 +313,31 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
           temperature=c.temperature).logprobs
     return res
 
-  pre = jax.lax.stop_gradient(_merge(jax.lax.map(no_grad,
-                                                 _split(tokens, m_mb * k_mb))))
-  batch = batch.replace(old_logprobs=pre["old"])
+  from_sampler = c.old_logprobs == "sampler"
+  if from_sampler and batch.sampler_logprobs is None:
+    raise ValueError("train_step: TrainConfig.old_logprobs='sampler' needs "
+                     "Batch.sampler_logprobs, which is None.")
+  metrics = {}
+  if from_sampler and not (has_critic or has_ref):
+    pre = None  # nothing else needs the no-grad forward: skip it
+    batch = batch.replace(old_logprobs=jnp.asarray(batch.sampler_logprobs, jnp.float32))
+  else:
+    pre = jax.lax.stop_gradient(_merge(jax.lax.map(no_grad,
+                                                   _split(tokens, m_mb * k_mb))))
+    batch = batch.replace(old_logprobs=jnp.asarray(batch.sampler_logprobs, jnp.float32)
+                          if from_sampler else pre["old"])
+    metrics["actor/entropy"] = _masked_mean(pre["entropy"], mask0)
   if has_critic:
     batch = batch.replace(values=pre["values"])
   if has_ref:
     batch = batch.replace(ref_logprobs=pre["ref"])
-  metrics = {"actor/entropy": _masked_mean(pre["entropy"], mask0)}
-  if batch.sampler_logprobs is not None:
+  if pre is not None and batch.sampler_logprobs is not None:
     diff = jnp.abs(pre["old"] - jnp.asarray(batch.sampler_logprobs,
                                             jnp.float32)) * mask0
     metrics["rollout/logprob_diff_mean"] = _masked_mean(diff, mask0)
     metrics["rollout/logprob_diff_max"] = jnp.max(diff)
   if has_ref:
-    metrics["actor/ref_kl_k1"] = _masked_mean(pre["old"] - pre["ref"], mask0)
+    metrics["actor/ref_kl_k1"] = _masked_mean(batch.old_logprobs - pre["ref"], mask0)
 
   # 2. The objective's batch transform (advantages, filter, batch metrics).
   batch, obj_state = objective.update(batch, state.objective_state)
@@ -378,6 +390,8 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
   loss_metrics.pop("loss/total", None)  # exact value from the minibatches
   loss_metrics.pop(_TOKENS_KEY, None)  # see train/trained_tokens
   metrics.update(loss_metrics)
+  if pre is None and "policy/entropy" in loss_metrics:
+    metrics["actor/entropy"] = loss_metrics["policy/entropy"]
   first = _weighted(jax.tree.map(lambda v: v[0, 0], per_micro))
   for k in ("policy/ratio", "policy/clip_frac"):
     if k in first:
@@ -404,7 +418,8 @@ def train_step(state: _state.TrainState, batch: transforms.Batch, *,
   See the module docstring for the stages. ``batch`` holds the rollout:
   ``tokens`` ``[B, S]`` (token ``s`` at RoPE position ``s``, right padding),
   ``loss_mask`` on the sampled tokens, rewards/scores and whatever the
-  objective reads; ``old_logprobs`` is always recomputed, ``values`` (with a
+  objective reads; ``old_logprobs`` is recomputed (or, with
+  ``config.old_logprobs="sampler"``, taken from ``sampler_logprobs``), ``values`` (with a
   critic) and ``ref_logprobs`` (with a reference) are filled in. Compiled once
   per (state structure, batch shapes, objective, config): build the objective
   once and reuse the same object.

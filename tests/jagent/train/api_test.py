@@ -11,7 +11,7 @@ from jagent.train import _state
 
 _EXPECTED = {
     "AccumulatedGradients", "Checkpointer", "CriticParams", "LogprobsOutput",
-    "MetricsWriter", "ObjectiveNeeds", "OptimizerConfig", "TrainConfig",
+    "MetricsWriter", "OLD_LOGPROBS", "ObjectiveNeeds", "OptimizerConfig", "TrainConfig",
     "TrainState", "ValueHead", "accumulate_gradients", "critic_values",
     "current_learning_rate", "export_policy", "init_critic",
     "init_train_state", "make_optimizer", "make_schedule", "nll_loss",

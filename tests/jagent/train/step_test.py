@@ -96,6 +96,32 @@ class TrainStepTest(chex.TestCase):
     for leaf in jax.tree.leaves(state.params):
       self.assertTrue(np.all(np.isfinite(np.asarray(leaf))))
 
+  def test_sampler_old_logprobs(self):
+    # With the trainer's own log-probs as the sampler's, "sampler" mode gives
+    # the same step as "recompute" (2 epochs x 2 minibatches: the old
+    # log-probs set every ratio after the first update).
+    batch = _batch(REWARDS)
+    exact = train.token_logprobs(PARAMS, batch.tokens, config=CFG,
+                                 temperature=TC.temperature).logprobs
+    want, m_want = train.train_step(self.state, batch, objective=OBJ, config=TC)
+    cfg = TC.replace(old_logprobs="sampler")
+    got, m_got = train.train_step(
+        self.state, batch.replace(sampler_logprobs=exact), objective=OBJ, config=cfg)
+    chex.assert_trees_all_close(got.params, want.params, atol=1e-6)
+    self.assertAlmostEqual(float(m_got["policy/ratio"]), float(m_want["policy/ratio"]),
+                           places=5)
+    self.assertAlmostEqual(float(m_got["actor/entropy"]),
+                           float(m_got["policy/entropy"]), places=6)
+    # Other behaviour log-probs move the ratio: they are really used.
+    _, m_off = train.train_step(
+        self.state, batch.replace(sampler_logprobs=exact - 0.5), objective=OBJ, config=cfg)
+    self.assertAlmostEqual(float(m_off["first_minibatch/policy/ratio"]),
+                           float(np.exp(0.5)), places=4)
+    with self.assertRaisesRegex(ValueError, "sampler_logprobs"):
+      train.train_step(self.state, batch, objective=OBJ, config=cfg)
+    with self.assertRaisesRegex(ValueError, "old_logprobs"):
+      TC.replace(old_logprobs="vllm")
+
   def test_bad_batch_raises_before_compile(self):
     with self.assertRaisesRegex(ValueError, "divisible"):
       train.train_step(self.state, _batch(REWARDS).select_rows(0, 6),
