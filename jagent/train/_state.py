@@ -51,8 +51,8 @@ class TrainConfig:
       trainer's) or ``"sampler"`` (``Batch.sampler_logprobs``, the behaviour
       policy's own log-probs: jagent's sampler matches the trainer's forward
       to ~1e-5, and this skips one forward pass per step when the state has
-      no critic and no reference policy; ``actor/entropy`` is then the loss
-      passes' token-weighted entropy).
+      no critic and no reference policy; ``actor/entropy`` is then measured
+      in the loss passes, over the trained tokens).
     shuffle_minibatches: permute rows (with the state's rng) before each
       epoch's split into minibatches; False keeps batch order (verl's
       ``shuffle: false`` default). Rows dropped by a rollout filter are

@@ -356,6 +356,9 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
     out = _forward(params, critic_params, micro.tokens, config=c.model,
                    temperature=c.temperature)
     loss = objective.loss(out, micro)
+    if pre is None:  # the entropy diagnostic, from this forward instead
+      return loss.loss_sum, {**loss.metrics, "actor/entropy": _masked_mean(
+          jax.lax.stop_gradient(out.entropy), micro.loss_mask)}
     return loss.loss_sum, loss.metrics
 
   def denominator(micro):
@@ -390,8 +393,6 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
   loss_metrics.pop("loss/total", None)  # exact value from the minibatches
   loss_metrics.pop(_TOKENS_KEY, None)  # see train/trained_tokens
   metrics.update(loss_metrics)
-  if pre is None and "policy/entropy" in loss_metrics:
-    metrics["actor/entropy"] = loss_metrics["policy/entropy"]
   first = _weighted(jax.tree.map(lambda v: v[0, 0], per_micro))
   for k in ("policy/ratio", "policy/clip_frac"):
     if k in first:

@@ -273,7 +273,7 @@ class TrainTest(absltest.TestCase):
     cache = jax.config.jax_compilation_cache_dir or ""
     with mock.patch.dict(os.environ, {"JAX_COMPILATION_CACHE_DIR": cache}):
       with flagsaver.flagsaver(workdir=self.workdir, env=None, num_levels=None,
-                               temperature=None, greedy=False, group_size=1):
+                               temperature=None, greedy=False, episodes_per_level=1):
         eval_job.main(["eval"])
     with open(os.path.join(self.workdir, "eval_Bandit-v0.json")) as f:
       same = json.load(f)
