@@ -141,6 +141,12 @@ class ModelConfig:
     return self.vocab_size * d + self.num_layers * layer + d + out
 
 
+_NANO = ModelConfig(
+    family="qwen2", vocab_size=512, embed_dim=64, num_layers=2, num_heads=4,
+    num_kv_heads=2, head_dim=16, mlp_dim=256, qkv_bias=True, tie_embeddings=True,
+    rope_theta=10000.0, norm_eps=1e-6, max_position=4096, bos_id=None, eos_id=2,
+    pad_id=0)
+
 _CONFIGS: dict[str, ModelConfig] = {
     # ~0.65M parameters: the CPU default (vocab of the shipped tiny tokenizer).
     "tiny": ModelConfig(
@@ -150,18 +156,10 @@ _CONFIGS: dict[str, ModelConfig] = {
         pad_id=0),
     # ~0.16M parameters: the fastest CPU policy (narrow and shallow; attention
     # over [heads, S, S] dominates training on long multi-turn contexts).
-    "nano": ModelConfig(
-        family="qwen2", vocab_size=512, embed_dim=64, num_layers=2, num_heads=4,
-        num_kv_heads=2, head_dim=16, mlp_dim=256, qkv_bias=True, tie_embeddings=True,
-        rope_theta=10000.0, norm_eps=1e-6, max_position=4096, bos_id=None, eos_id=2,
-        pad_id=0),
+    "nano": _NANO,
     # ~0.28M parameters: "nano" with 4 layers, the main job's policy. Two
     # layers stayed at uniform actions after SFT on Sokoban; four learn it.
-    "micro": ModelConfig(
-        family="qwen2", vocab_size=512, embed_dim=64, num_layers=4, num_heads=4,
-        num_kv_heads=2, head_dim=16, mlp_dim=256, qkv_bias=True, tie_embeddings=True,
-        rope_theta=10000.0, norm_eps=1e-6, max_position=4096, bos_id=None, eos_id=2,
-        pad_id=0),
+    "micro": dataclasses.replace(_NANO, num_layers=4),
     # ~10.8M parameters (d384, 6 layers, vocab 8k), the STACK.md reference size.
     "small-10m": ModelConfig(
         family="qwen2", vocab_size=8192, embed_dim=384, num_layers=6, num_heads=6,

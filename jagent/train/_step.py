@@ -318,15 +318,13 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
     raise ValueError("train_step: TrainConfig.old_logprobs='sampler' needs "
                      "Batch.sampler_logprobs, which is None.")
   metrics = {}
-  if from_sampler and not (has_critic or has_ref):
-    pre = None  # nothing else needs the no-grad forward: skip it
-    batch = batch.replace(old_logprobs=jnp.asarray(batch.sampler_logprobs, jnp.float32))
-  else:
+  pre = None  # skipped when nothing needs the no-grad forward
+  if not from_sampler or has_critic or has_ref:
     pre = jax.lax.stop_gradient(_merge(jax.lax.map(no_grad,
                                                    _split(tokens, m_mb * k_mb))))
-    batch = batch.replace(old_logprobs=jnp.asarray(batch.sampler_logprobs, jnp.float32)
-                          if from_sampler else pre["old"])
     metrics["actor/entropy"] = _masked_mean(pre["entropy"], mask0)
+  batch = batch.replace(old_logprobs=jnp.asarray(batch.sampler_logprobs, jnp.float32)
+                        if from_sampler else pre["old"])
   if has_critic:
     batch = batch.replace(values=pre["values"])
   if has_ref:
