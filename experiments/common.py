@@ -35,6 +35,11 @@ def setup_compilation_cache(path: str | None = None) -> None:
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
+# config.sft.expert: "solver" (BFS / scripted experts) or "random" (uniformly
+# random actions: a warm start on the reply format only).
+SFT_EXPERTS = ("solver", "random")
+
+
 def _bad(field: str, value: Any, why: str) -> ValueError:
   return ValueError(f"config.{field}={value!r}: {why}")
 
@@ -77,6 +82,8 @@ def validate(config) -> None:
   if rows % config.rl.num_minibatches:
     raise _bad("rl.num_minibatches", config.rl.num_minibatches,
                f"does not divide the {rows} trained rows per step (kept groups x group_size)")
+  if config.sft.get("expert", "solver") not in SFT_EXPERTS:
+    raise _bad("sft.expert", config.sft.expert, f"unknown; known: {SFT_EXPERTS}")
   if config.sft.steps and config.sft.batch_size > config.sft.num_demos:
     raise _bad("sft.batch_size", config.sft.batch_size,
                f"is larger than sft.num_demos={config.sft.num_demos}")
@@ -184,6 +191,9 @@ class Experiment:
   def demonstrations(self):
     """Expert demonstrations (one Trajectory) for SFT; levels disjoint from eval."""
     c = self.config
+    expert = rollout.make_expert(
+        self.env, think=self.prompt.think, actions_per_turn=c.sft.actions_per_turn,
+        policy=c.sft.get("expert", "solver"), seed=c.seed)
     rc = rollout.RolloutConfig(
         num_groups=c.sft.num_demos, group_size=1, max_turns=self.rollout_config.max_turns,
         max_tokens_per_turn=self.rollout_config.max_tokens_per_turn,
@@ -192,7 +202,7 @@ class Experiment:
     return rollout.demonstrations(
         self.text_env, num_groups=c.sft.num_demos,
         key=jax.random.fold_in(jax.random.key(c.seed), 1), config=rc,
-        actions_per_turn=c.sft.actions_per_turn)
+        actions_per_turn=c.sft.actions_per_turn, expert=expert)
 
   def sft(self, writer, *, progress: bool = True):
     """Behaviour cloning on :meth:`demonstrations`; returns the params."""

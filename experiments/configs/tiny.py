@@ -68,8 +68,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # SFT sits at uniform actions for a few hundred steps before the policy
   # starts reading the grid (seen leaving it at steps ~250-450 of 1000 at lr
   # 1e-3; 400 steps at lr 1e-3 or 3e-3 never left it).
+  # expert: "solver" (BFS demonstrations) or "random" (random actions: teaches
+  # the reply format only, e.g. for Bandit, whose solver would give the answer).
   c.sft = ml_collections.ConfigDict(dict(
-      num_demos=128, steps=800, batch_size=16, learning_rate=1e-3, warmup_steps=20,
+      expert="solver", num_demos=128, steps=800, batch_size=16, learning_rate=1e-3, warmup_steps=20,
       actions_per_turn=1))
 
   c.rl = ml_collections.ConfigDict(dict(

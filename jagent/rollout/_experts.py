@@ -24,6 +24,12 @@ it every turn:
 * Bandit: the high arm's name.
 * Countdown: an expression from :func:`envs_jax.solve_countdown` (``+ -``
   first, then ``+ - * /``).
+
+``make_expert(..., policy="random")`` instead replies uniformly random
+actions (Countdown: the numbers shuffled and joined by random ``+``/``-``):
+demonstrations of the reply FORMAT only, for a warm start that leaves the
+game itself to RL (a randomly initialised tiny model never writes a parsable
+answer, so RL alone gets no reward signal).
 """
 
 from __future__ import annotations
@@ -113,6 +119,25 @@ class _SokobanExpert(_GameExpert):
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class _RandomExpert(_GameExpert):
+  """Uniformly random answers in the game's format (see the module docstring)."""
+
+  action_names: tuple[str, ...] = ()  # empty: Countdown expressions
+  rng: np.random.Generator = dataclasses.field(default_factory=np.random.default_rng)
+
+  def answers(self, states, hosts=()):
+    if self.action_names:
+      picks = self.rng.integers(len(self.action_names), size=(len(states), self.actions_per_turn))
+      return [" || ".join(self.action_names[a] for a in row) for row in picks]
+    out = []
+    for s in states:
+      nums = [int(x) for x in self.rng.permutation(np.asarray(s.numbers)[:int(s.count)])]
+      ops = self.rng.choice(["+", "-"], size=len(nums) - 1)
+      out.append(" ".join([str(nums[0])] + [f"{o} {n}" for o, n in zip(ops, nums[1:])]))
+    return out
+
+
 @functools.lru_cache(maxsize=4096)
 def _frozen_lake_model(tiles_bytes: bytes, n: int, success_rate: float, gamma: float):
   """(P [S, 4, S] transition probabilities, Q [S, 4] discounted reach values)."""
@@ -195,8 +220,8 @@ class _CountdownExpert(_GameExpert):
 
 def make_expert(env, *, think: bool, actions_per_turn: int = 1,
                 think_text: str | None = None, max_nodes: int = 1_000_000,
-                frozen_lake_policy: str = "shortest", gamma: float = 0.9
-                ) -> _host.Expert:
+                frozen_lake_policy: str = "shortest", gamma: float = 0.9,
+                policy: str = "solver", seed: int = 0) -> _host.Expert:
   """The scripted :class:`Expert` of a shipped game (see the module docstring).
 
   Args:
@@ -220,6 +245,11 @@ def make_expert(env, *, think: bool, actions_per_turn: int = 1,
       where "shortest" succeeds 36% (and random actions 21%).
     gamma: the discount of ``"max_success"`` (in (0, 1); smaller prefers
       shorter routes).
+    policy: ``"solver"`` (the scripted experts above) or ``"random"``:
+      uniformly random actions (``actions_per_turn`` per reply; Countdown:
+      the numbers shuffled, joined by random ``+``/``-``), i.e.
+      demonstrations of the reply format only.
+    seed: seed of the ``"random"`` policy's numpy generator.
 
   Returns:
     An :class:`Expert`: ``expert(rows, envs, states) -> list[str]``.
@@ -228,8 +258,10 @@ def make_expert(env, *, think: bool, actions_per_turn: int = 1,
     ValueError: an environment without an expert here, a non-bool ``think``,
       ``actions_per_turn`` or ``max_nodes`` not an int >= 1, a think text
       containing ``</think>``, an unknown ``frozen_lake_policy`` or ``gamma``
-      outside (0, 1).
+      outside (0, 1), an unknown ``policy``.
   """
+  if policy not in ("solver", "random"):
+    raise ValueError(f"make_expert: policy={policy!r}; use 'solver' or 'random'")
   if not isinstance(think, bool):
     raise ValueError(f"make_expert: think must be a bool, got {think!r}")
   for name, v in (("actions_per_turn", actions_per_turn), ("max_nodes", max_nodes)):
@@ -253,6 +285,9 @@ def make_expert(env, *, think: bool, actions_per_turn: int = 1,
   if "</think>" in text:
     raise ValueError(f"make_expert: think_text {text!r} contains </think>")
   common = dict(think=think, think_text=text, actions_per_turn=actions_per_turn)
+  if policy == "random":
+    return _RandomExpert(action_names=() if kind == "Countdown" else tuple(base.action_names),
+                         rng=np.random.default_rng(seed), **common)
   if kind == "Sokoban":
     return _SokobanExpert(action_names=tuple(base.action_names), max_nodes=max_nodes,
                           **common)

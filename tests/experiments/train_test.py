@@ -9,10 +9,10 @@ Why a warm start at all: a randomly initialised model never writes the
 ``<answer>Dragon</answer>`` format (11 specific tokens of a 512-token
 vocabulary), so every reply scores the -0.1 format penalty, every group has
 zero reward std and RL has no signal (checked: 0 valid replies). The warm
-start therefore teaches the FORMAT only: its demonstrations answer the two
-arms half and half whatever the state (an arm-agnostic expert patched in for
-``jagent.rollout.demonstrations``), so after SFT the policy picks the high arm
-about half the time and the learning of the arm is left to RL.
+start therefore teaches the FORMAT only: its demonstrations answer uniformly
+random arms whatever the state (``config.sft.expert = "random"``), so after
+SFT the policy picks the high arm about half the time and the learning of the
+arm is left to RL.
 
 Why Dr.GRPO with the filter: the high arm pays 1.0 with p = 0.25 else 0 (drawn
 once per initial state, so shared by a group), the low arm 0.1. In the 75% of
@@ -40,7 +40,6 @@ from experiments import common
 from experiments import eval as eval_job
 from experiments import train as train_job
 from experiments.configs import tiny
-from jagent import rollout
 from jagent import train as jtrain
 
 _RL_STEPS = 8
@@ -56,7 +55,7 @@ def _bandit_config():
   # "<answer>Librarian</answer>" (eval on another env) 13 plus the EOS.
   c.rollout.update(dict(num_groups=8, group_size=4, max_tokens_per_turn=14,
                         temperature=1.0))
-  c.sft.update(dict(num_demos=32, steps=60, batch_size=8, learning_rate=2e-2,
+  c.sft.update(dict(expert="random", num_demos=32, steps=60, batch_size=8, learning_rate=2e-2,
                     warmup_steps=10))
   c.rl.update(dict(steps=_RL_STEPS, learning_rate=2e-3, warmup_steps=0,
                    decay="constant", filter_mode="top_fraction", filter_value=0.25,
@@ -67,23 +66,8 @@ def _bandit_config():
   return c
 
 
-_DEMONSTRATIONS = rollout.demonstrations
-
-
-def _format_only_demonstrations(text_env, **kwargs):
-  """Demonstrations answering arm ``row % 2`` whatever the state (see the docstring)."""
-  names = text_env.env.action_names
-
-  def expert(rows, envs, states):
-    del envs, states
-    return [f"<answer>{names[r % 2]}</answer>" for r in rows]
-
-  return _DEMONSTRATIONS(text_env, expert=expert, **kwargs)
-
-
 def _run(config, workdir):
-  with mock.patch.object(rollout, "demonstrations", _format_only_demonstrations):
-    return train_job.run(config, workdir, progress=False)
+  return train_job.run(config, workdir, progress=False)
 
 
 def _deterministic(record):
@@ -202,6 +186,7 @@ class TrainTest(absltest.TestCase):
         ("eval.num_levels", bad(eval__num_levels=33)),
         ("eval.num_groups", bad(eval__num_groups=0)),
         ("sft.batch_size", bad(sft__batch_size=64)),
+        ("sft.expert", bad(sft__expert="oracle")),
         ("sft.actions_per_turn", bad(sft__actions_per_turn=2)),
         ("rl.critic", bad(algorithm="ppo", rl__critic="mlp")),
         # Turns longer than the model's positions (nano: 4096).

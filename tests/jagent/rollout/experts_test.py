@@ -230,6 +230,47 @@ class SingleTurnDemonstrationsTest(parameterized.TestCase):
     np.testing.assert_array_equal(traj.end_reason, _trajectory.TERMINATED)
 
 
+class RandomExpertTest(absltest.TestCase):
+
+  def test_bandit_arms_are_uniform_and_valid(self):
+    te = text_env("Bandit-v0")
+    config = rollout.RolloutConfig(num_groups=200, group_size=1, max_turns=1,
+                                   max_tokens_per_turn=48)
+    expert = rollout.make_expert(te.env, think=False, policy="random", seed=3)
+    traj = rollout.demonstrations(te, key=jax.random.key(0), config=config, expert=expert)
+    np.testing.assert_array_equal(traj.format_valid, True)
+    high = np.mean(traj.success)  # success = the high arm was pulled
+    # Binomial(200, 1/2): 5 standard deviations is +-0.18.
+    self.assertBetween(high, 0.32, 0.68)
+    # The same seed replays the same answers.
+    again = rollout.demonstrations(te, key=jax.random.key(0), config=config,
+                                   expert=rollout.make_expert(te.env, think=False,
+                                                              policy="random", seed=3))
+    np.testing.assert_array_equal(again.tokens, traj.tokens)
+
+  def test_sokoban_moves_are_random_and_countdown_uses_the_numbers(self):
+    te = text_env("Sokoban-6x6-1box-v0")
+    expert = rollout.make_expert(te.env, think=False, actions_per_turn=2, policy="random")
+    answers = expert.answers([None] * 400)
+    moves = [m for a in answers for m in a.split(" || ")]
+    self.assertLen(moves, 800)
+    counts = np.array([moves.count(n) for n in te.env.action_names])
+    self.assertEqual(counts.sum(), 800)
+    self.assertTrue(np.all(np.abs(counts - 200) < 5 * np.sqrt(800 * 0.25 * 0.75)), counts)
+    cd = text_env("Countdown-v0")
+    expert = rollout.make_expert(cd.env, think=False, policy="random", seed=1)
+    state = types.SimpleNamespace(numbers=np.array([3, 7, 11, 0]), count=3, target=5)
+    for answer in expert.answers([state] * 20):
+      tokens = answer.split()
+      self.assertEqual(sorted(int(t) for t in tokens[::2]), [3, 7, 11], answer)
+      self.assertTrue(set(tokens[1::2]) <= {"+", "-"}, answer)
+
+  def test_unknown_policy_raises(self):
+    te = text_env("Bandit-v0")
+    with self.assertRaisesRegex(ValueError, "policy='oracle'"):
+      rollout.make_expert(te.env, think=False, policy="oracle")
+
+
 class SftAndErrorsTest(absltest.TestCase):
 
   def test_demonstrations_feed_sft_step(self):

@@ -1,0 +1,110 @@
+r"""Runs a grid of env x algorithm training runs and prints one comparison table.
+
+    python -m experiments.compare --envs=FrozenLake-4x4-v0,Bandit-v0 \
+        --algorithms=starpo_s,ppo,grpo --runs_dir=/tmp/compare \
+        --set=rl.steps=100 --set=Bandit-v0:sft.expert=random
+
+Each cell is a full :func:`experiments.train.run` of the tiny config
+(``experiments/configs/tiny.py:<env>,<algorithm>``) in
+``<runs_dir>/<env>_<algorithm>`` (an unfinished cell resumes, a finished one,
+with its ``eval_summary.json``, is only re-read), so the table is the RAGEN comparison (its Table 1: StarPO-S vs
+PPO vs GRPO per environment) at our scale. ``--set=<field>=<value>`` changes a
+config field in every cell, ``--set=<env>:<field>=<value>`` in that env's
+cells only. The table (Markdown) goes to stdout and
+``<runs_dir>/comparison.md``: success after SFT and after RL at the
+evaluation temperature, greedy success after RL, the RL gain, and minutes.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+
+from absl import app
+from absl import flags
+
+from experiments import common
+from experiments import train as train_job
+from experiments.configs import tiny
+
+_ENVS = flags.DEFINE_list("envs", ["FrozenLake-4x4-v0", "Bandit-v0"], "Environment ids.")
+_ALGORITHMS = flags.DEFINE_list("algorithms", ["starpo_s", "ppo", "grpo"],
+                                "Algorithm names (jagent.transforms registry).")
+_RUNS_DIR = flags.DEFINE_string(
+    "runs_dir", os.path.join(os.path.expanduser("~"), "jagent_runs", "compare"),
+    "Parent directory of the runs.")
+_SET = flags.DEFINE_multi_string(
+    "set", [], "[<env>:]<field>=<value> config overrides (value parsed as a Python literal "
+    "when possible).")
+
+
+def _parse_value(text: str):
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def apply_overrides(config, env: str, overrides: list[str]):
+  """Applies ``[<env>:]<field>=<value>`` strings to ``config`` (in place).
+
+  Raises:
+    ValueError: an override without ``=``, or a field the config lacks.
+  """
+  for item in overrides:
+    target, sep, value = item.partition("=")
+    if not sep:
+      raise ValueError(f"--set={item!r}: expected [<env>:]<field>=<value>")
+    scope, colon, field = target.rpartition(":")
+    if colon and scope != env:
+      continue
+    node = config
+    *parents, name = field.split(".")
+    for p in parents:
+      if p not in node:
+        raise ValueError(f"--set={item!r}: the config has no field {field!r}")
+      node = node[p]
+    if name not in node:
+      raise ValueError(f"--set={item!r}: the config has no field {field!r}")
+    node[name] = _parse_value(value)
+  return config
+
+
+def table(rows: list[dict]) -> str:
+  """Markdown table of :func:`experiments.train.run` summaries."""
+  lines = ["| env | algorithm | SFT success | RL success | RL greedy | gain | minutes |",
+           "|---|---|---|---|---|---|---|"]
+  for s in rows:
+    sft, rl = s["sft"]["success"], s["rl"]["success"]
+    lines.append(
+        f"| {s['env']} | {s['algorithm']} | {sft:.3f} | {rl:.3f} | "
+        f"{s['rl'].get('greedy_success', float('nan')):.3f} | {100 * (rl - sft):+.1f} | "
+        f"{s.get('seconds', float('nan')) / 60:.1f} |")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  common.setup_compilation_cache()
+  rows = []
+  for env in _ENVS.value:
+    for algorithm in _ALGORITHMS.value:
+      config = apply_overrides(tiny.get_config(f"{env},{algorithm}"), env, _SET.value)
+      workdir = os.path.join(_RUNS_DIR.value, f"{env}_{algorithm}")
+      done = os.path.join(workdir, "eval_summary.json")
+      if os.path.exists(done):
+        with open(done) as f:
+          rows.append(json.load(f))
+      else:
+        rows.append(train_job.run(config, workdir))
+      print(table(rows[-1:]).splitlines()[-1], flush=True)
+  text = table(rows)
+  os.makedirs(_RUNS_DIR.value, exist_ok=True)
+  with open(os.path.join(_RUNS_DIR.value, "comparison.md"), "w") as f:
+    f.write(text + "\n")
+  print(text)
+
+
+if __name__ == "__main__":
+  app.run(main)

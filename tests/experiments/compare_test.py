@@ -1,0 +1,39 @@
+"""experiments.compare: config overrides and the comparison table."""
+
+from absl.testing import absltest
+
+from experiments import compare
+from experiments.configs import tiny
+
+
+class CompareTest(absltest.TestCase):
+
+  def test_overrides_apply_globally_and_per_env(self):
+    overrides = ["rl.steps=7", "Bandit-v0:sft.expert=random", "FrozenLake-4x4-v0:rl.steps=9",
+                 "rl.learning_rate=2e-4", "prompt.system=Hello there"]
+    bandit = compare.apply_overrides(tiny.get_config("Bandit-v0,grpo"), "Bandit-v0", overrides)
+    self.assertEqual(bandit.rl.steps, 7)
+    self.assertEqual(bandit.sft.expert, "random")
+    self.assertEqual(bandit.rl.learning_rate, 2e-4)
+    self.assertEqual(bandit.prompt.system, "Hello there")
+    lake = compare.apply_overrides(tiny.get_config("FrozenLake-4x4-v0,ppo"),
+                                   "FrozenLake-4x4-v0", overrides)
+    self.assertEqual(lake.rl.steps, 9)  # the later, scoped override wins
+    self.assertEqual(lake.sft.expert, "solver")
+
+  def test_bad_overrides_name_the_item(self):
+    c = tiny.get_config("Bandit-v0,grpo")
+    with self.assertRaisesRegex(ValueError, r"--set='rl\.stepz=3'.*no field 'rl\.stepz'"):
+      compare.apply_overrides(c, "Bandit-v0", ["rl.stepz=3"])
+    with self.assertRaisesRegex(ValueError, r"--set='rl\.steps'"):
+      compare.apply_overrides(c, "Bandit-v0", ["rl.steps"])
+
+  def test_table_rows(self):
+    summary = {"env": "Bandit-v0", "algorithm": "grpo", "sft": {"success": 0.5},
+               "rl": {"success": 0.875, "greedy_success": 1.0}, "seconds": 90.0}
+    self.assertEqual(compare.table([summary]).splitlines()[-1],
+                     "| Bandit-v0 | grpo | 0.500 | 0.875 | 1.000 | +37.5 | 1.5 |")
+
+
+if __name__ == "__main__":
+  absltest.main()
