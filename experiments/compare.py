@@ -9,8 +9,8 @@ Each cell is a full :func:`experiments.train.run` of the tiny config
 ``<runs_dir>/<env>_<algorithm>`` (an unfinished cell resumes, a finished one,
 with its ``eval_summary.json``, is only re-read), so the table is the RAGEN comparison (its Table 1: StarPO-S vs
 PPO vs GRPO per environment) at our scale. ``--set=<field>=<value>`` changes a
-config field in every cell, ``--set=<env>:<field>=<value>`` in that env's
-cells only. The table (Markdown) goes to stdout and
+config field in every cell; ``--set=<scope>:<field>=<value>`` only in the
+cells of that scope: an env id, an algorithm, or ``<env>,<algorithm>``. The table (Markdown) goes to stdout and
 ``<runs_dir>/comparison.md``: success after SFT and after RL at the
 evaluation temperature, greedy success after RL, the RL gain, and minutes.
 """
@@ -35,8 +35,8 @@ _RUNS_DIR = flags.DEFINE_string(
     "runs_dir", os.path.join(os.path.expanduser("~"), "jagent_runs", "compare"),
     "Parent directory of the runs.")
 _SET = flags.DEFINE_multi_string(
-    "set", [], "[<env>:]<field>=<value> config overrides (value parsed as a Python literal "
-    "when possible).")
+    "set", [], "[<scope>:]<field>=<value> config overrides; scope: an env id, an algorithm "
+    "or <env>,<algorithm> (value parsed as a Python literal when possible).")
 
 
 def _parse_value(text: str):
@@ -47,7 +47,10 @@ def _parse_value(text: str):
 
 
 def apply_overrides(config, env: str, overrides: list[str]):
-  """Applies ``[<env>:]<field>=<value>`` strings to ``config`` (in place).
+  """Applies ``[<scope>:]<field>=<value>`` strings to ``config`` (in place).
+
+  A scoped override applies when its scope is ``env``, ``config.algorithm``
+  or ``"<env>,<algorithm>"``.
 
   Raises:
     ValueError: an override without ``=``, or a field the config lacks.
@@ -55,9 +58,9 @@ def apply_overrides(config, env: str, overrides: list[str]):
   for item in overrides:
     target, sep, value = item.partition("=")
     if not sep:
-      raise ValueError(f"--set={item!r}: expected [<env>:]<field>=<value>")
+      raise ValueError(f"--set={item!r}: expected [<scope>:]<field>=<value>")
     scope, colon, field = target.rpartition(":")
-    if colon and scope != env:
+    if colon and scope not in (env, config.algorithm, f"{env},{config.algorithm}"):
       continue
     node = config
     *parents, name = field.split(".")
