@@ -52,6 +52,10 @@ def validate(config) -> None:
   if config.algorithm not in transforms.registered():
     raise _bad("algorithm", config.algorithm,
                f"unknown; known: {sorted(transforms.registered())}")
+  if not config.tokenizer and not config.model_dir:
+    raise _bad("tokenizer", config.tokenizer,
+               "empty means the model_dir's tokenizer, but config.model_dir is empty too "
+               "(pass --config.model_dir=<a Hugging Face model directory>)")
   if config.model not in models.config_names() and not config.model_dir:
     raise _bad("model", config.model, f"unknown; known: {models.config_names()}")
   r = config.rollout
@@ -111,8 +115,10 @@ class Experiment:
   def __init__(self, config):
     validate(config)
     self.config = c = config
+    # "tiny": the shipped sentencepiece model; "": the model directory's
+    # tokenizer.json; else a directory holding a tokenizer.json.
     self.tokenizer = (tokenizers.load_tiny_tokenizer() if c.tokenizer == "tiny"
-                      else tokenizers.HFTokenizer(c.tokenizer))
+                      else tokenizers.HFTokenizer(c.tokenizer or c.model_dir))
     self.env, self.env_params = envs_jax.make(c.env)
     p = c.prompt
     self.prompt = rollout.PromptConfig(

@@ -6,8 +6,10 @@ The argument after ``:`` is ``<env id>,<algorithm>`` (default
 ``Sokoban-6x6-1box-v0,starpo_s``, the main job). Algorithms: any
 ``jagent.transforms`` registry name (ppo, grpo, starpo, starpo_s, dr_grpo,
 gigpo, ...). The defaults are the main job's: SFT warm start on a small
-budget of BFS demonstrations, then RL with 8 groups x 8 rollouts, evaluated on
-512 fixed held-out levels at temperature 0.5 and greedily.
+budget of BFS demonstrations, then RL with 8 groups x 8 rollouts (StarPO-S
+trains on the top half of the groups by in-group reward std; the other
+algorithms on every group), evaluated on 512 fixed held-out levels at
+temperature 0.5 and greedily.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from absl.testing import parameterized
 
 import envs_jax
 from experiments import common
+from experiments.configs import ragen
 from experiments.configs import tiny
 from jagent import tokenizers
 from jagent import transforms
@@ -35,6 +36,44 @@ class TinyConfigsTest(parameterized.TestCase):
     c = tiny.get_config()
     self.assertEqual((c.env, c.algorithm), ("Sokoban-6x6-1box-v0", "starpo_s"))
     self.assertGreaterEqual(c.eval.num_levels, 128)
+
+
+class RagenConfigsTest(parameterized.TestCase):
+  """RAGEN-scale configs: RAGEN v1's values, validated without any weights."""
+
+  @parameterized.parameters(*sorted(envs_jax.registered()))
+  def test_every_algorithm_validates(self, env_id):
+    for algorithm in transforms.registered():
+      c = ragen.get_config(f"{env_id},{algorithm}")
+      c.model_dir = "/models/Qwen2.5-0.5B-Instruct"  # never read by validate
+      common.validate(c)
+      transforms.make(algorithm, **dict(c.algorithm_kwargs))
+
+  def test_ragen_v1_values(self):
+    c = ragen.get_config("Sokoban-6x6-1box-v0,starpo_s")
+    self.assertEqual((c.rollout.num_groups, c.rollout.group_size), (8, 16))
+    self.assertEqual((c.rl.learning_rate, c.rl.critic_learning_rate), (1e-6, 1e-5))
+    self.assertEqual((c.rl.filter_value, c.rl.weight_decay, c.rl.critic), (0.25, 0.01, "model"))
+    # StarPO-S keeps 2 of 8 groups x 16 = one 32-row minibatch; PPO 4 of 32 rows.
+    self.assertEqual(c.rl.num_minibatches, 1)
+    self.assertEqual(ragen.get_config("Sokoban-6x6-1box-v0,ppo").rl.num_minibatches, 4)
+    self.assertEqual((c.sft.steps, c.prompt.think, c.prompt.max_actions_per_turn), (0, True, 5))
+    self.assertEqual((c.eval.num_levels, c.eval.seed, c.eval.temperature), (256, 123, 0.5))
+
+  def test_without_a_model_directory_the_tokenizer_is_named(self):
+    c = ragen.get_config("Sokoban-6x6-1box-v0,starpo_s")
+    with self.assertRaisesRegex(ValueError, r"config\.tokenizer='': .*model_dir"):
+      common.validate(c)
+
+  def test_builds_and_fits_the_context(self):
+    # The Qwen2.5-0.5B architecture (no weights are loaded to build); the
+    # shipped tiny tokenizer with ChatML stands in for Qwen's tokenizer.json.
+    c = ragen.get_config("Sokoban-6x6-1box-v0,starpo_s")
+    c.tokenizer, c.prompt.chat_template = "tiny", "chatml"
+    exp = common.Experiment(c)
+    # 5 turns of a ~100-token state prompt + 400-token replies: RAGEN's 3600.
+    self.assertBetween(exp.context_size, 5 * 400, 3600)
+    self.assertEqual(exp.rollout_config.batch_size, 128)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,56 @@
+r"""RAGEN-scale configs for accelerators: RAGEN v1's protocol and hyperparameters.
+
+    python -m experiments.train \
+        --config=experiments/configs/ragen.py:Sokoban-6x6-1box-v0,starpo_s \
+        --config.model_dir=/path/to/Qwen2.5-0.5B-Instruct --workdir=/tmp/ragen_sokoban
+
+The argument after ``:`` is ``<env id>,<algorithm>`` as in
+``experiments/configs/tiny.py`` (whose fields this config overrides). The model
+and tokenizer come from a Hugging Face directory (``config.model_dir``; nothing
+downloads at run time). Values from REFERENCE.md section 3 (RAGEN v1,
+arXiv 2504.20073): an instruct model trained from the start (no SFT), think
+mode (``<think>..</think><answer>..</answer>``, up to 5 actions a turn), 5
+turns, 10 actions, 400 tokens a turn; 8 groups x 16 rollouts at temperature
+1; PPO minibatches of 32 rows, 1 epoch; actor lr 1e-6, critic lr 1e-5, AdamW
+weight decay 0.01, gradient clip 1; StarPO-S keeps the top 25% of groups (no
+KL, clip-higher 0.2 / 0.28, a GAE critic: a separate copy of the model, as
+RAGEN's); 200 steps; validation every 10 steps on 256 fixed levels (seeds
+from 123) at temperature 0.5.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from experiments.configs import tiny
+from jagent import rollout
+
+_RAGEN_PROMPT = rollout.PromptConfig()  # its defaults are RAGEN's turn texts
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """The RAGEN-scale config of ``"<env id>,<algorithm>"``."""
+  c = tiny.get_config(arg)
+  # The objectives' own defaults are RAGEN's (StarPO-S: GAE critic, filter,
+  # clip-higher, entropy 0.001; PPO: GAE critic; GRPO: group advantages).
+  c.algorithm_kwargs = ml_collections.ConfigDict({})
+  c.model = "qwen2.5-0.5b"  # the architecture; weights from model_dir
+  c.model_dir = ""  # REQUIRED: a Hugging Face directory (Qwen2.5-0.5B-Instruct)
+  c.tokenizer = ""  # the model_dir's tokenizer.json and chat template
+  c.prompt.update(dict(
+      system=_RAGEN_PROMPT.system, instructions="", first_turn=_RAGEN_PROMPT.first_turn,
+      next_turn=_RAGEN_PROMPT.next_turn, think=True,
+      max_actions_per_turn=_RAGEN_PROMPT.max_actions_per_turn, chat_template=""))
+  c.rollout.update(dict(num_groups=8, group_size=16, max_tokens_per_turn=400,
+                        temperature=1.0))
+  c.sft.update(dict(steps=0))
+  starpo_s = c.algorithm == "starpo_s"
+  c.rl.update(dict(
+      steps=200, learning_rate=1e-6, warmup_steps=0, decay="constant",
+      critic_learning_rate=1e-5, critic="model", weight_decay=0.01, max_grad_norm=1.0,
+      filter_value=0.25 if starpo_s else 1.0, include_zero=True,
+      # 32-row PPO minibatches: 2 kept groups x 16 (StarPO-S), 8 x 16 otherwise.
+      num_minibatches=1 if starpo_s else 4, ppo_epochs=1, old_logprobs="recompute"))
+  c.eval.update(dict(num_levels=256, seed=123, every=10, num_groups=64))
+  c.checkpoint.update(dict(every=10, keep=3))
+  return c
