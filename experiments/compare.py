@@ -28,16 +28,6 @@ from experiments import common
 from experiments import train as train_job
 from experiments.configs import tiny
 
-_ENVS = flags.DEFINE_list("envs", ["FrozenLake-4x4-v0", "Bandit-v0"], "Environment ids.")
-_ALGORITHMS = flags.DEFINE_list("algorithms", ["starpo_s", "ppo", "grpo"],
-                                "Algorithm names (jagent.transforms registry).")
-_RUNS_DIR = flags.DEFINE_string(
-    "runs_dir", os.path.join(os.path.expanduser("~"), "jagent_runs", "compare"),
-    "Parent directory of the runs.")
-_SET = flags.DEFINE_multi_string(
-    "set", [], "[<scope>:]<field>=<value> config overrides; scope: an env id, an algorithm "
-    "or <env>,<algorithm> (value parsed as a Python literal when possible).")
-
 
 def _parse_value(text: str):
   try:
@@ -87,14 +77,30 @@ def table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def _define_flags():
+  """Defines this program's flags (only when run as a program: importing the
+  module for :func:`apply_overrides` must not clash with other modules' flags,
+  e.g. the benchmarks' ``--envs`` and ``--algorithms``)."""
+  flags.DEFINE_list("envs", ["FrozenLake-4x4-v0", "Bandit-v0"], "Environment ids.")
+  flags.DEFINE_list("algorithms", ["starpo_s", "ppo", "grpo"],
+                    "Algorithm names (jagent.transforms registry).")
+  flags.DEFINE_string(
+      "runs_dir", os.path.join(os.path.expanduser("~"), "jagent_runs", "compare"),
+      "Parent directory of the runs.")
+  flags.DEFINE_multi_string(
+      "set", [], "[<scope>:]<field>=<value> config overrides; scope: an env id, an algorithm "
+      "or <env>,<algorithm> (value parsed as a Python literal when possible).")
+
+
 def main(argv):
   del argv
+  fl = flags.FLAGS
   common.setup_compilation_cache()
   rows = []
-  for env in _ENVS.value:
-    for algorithm in _ALGORITHMS.value:
-      config = apply_overrides(tiny.get_config(f"{env},{algorithm}"), env, _SET.value)
-      workdir = os.path.join(_RUNS_DIR.value, f"{env}_{algorithm}")
+  for env in fl.envs:
+    for algorithm in fl.algorithms:
+      config = apply_overrides(tiny.get_config(f"{env},{algorithm}"), env, fl.set)
+      workdir = os.path.join(fl.runs_dir, f"{env}_{algorithm}")
       done = os.path.join(workdir, "eval_summary.json")
       if os.path.exists(done):
         with open(done) as f:
@@ -103,11 +109,12 @@ def main(argv):
         rows.append(train_job.run(config, workdir))
       print(table(rows[-1:]).splitlines()[-1], flush=True)
   text = table(rows)
-  os.makedirs(_RUNS_DIR.value, exist_ok=True)
-  with open(os.path.join(_RUNS_DIR.value, "comparison.md"), "w") as f:
+  os.makedirs(fl.runs_dir, exist_ok=True)
+  with open(os.path.join(fl.runs_dir, "comparison.md"), "w") as f:
     f.write(text + "\n")
   print(text)
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

@@ -1,5 +1,6 @@
 """experiments.compare: config overrides and the comparison table."""
 
+from absl import flags
 from absl.testing import absltest
 
 from experiments import compare
@@ -43,6 +44,19 @@ class CompareTest(absltest.TestCase):
                "rl": {"success": 0.875, "greedy_success": 1.0}, "seconds": 90.0}
     self.assertEqual(compare.table([summary]).splitlines()[-1],
                      "| Bandit-v0 | grpo | 0.500 | 0.875 | 1.000 | +37.5 | 1.5 |")
+
+
+class EntryPointsTest(absltest.TestCase):
+
+  def test_importing_compare_defines_no_flags(self):
+    # absl flags are process-global: a module that defines --envs or
+    # --algorithms at import breaks any test process that also imports the
+    # benchmarks defining them (CI failed so). compare defines its flags only
+    # when run as a program.
+    self.assertNotIn(compare.__name__, flags.FLAGS.flags_by_module_dict())
+    for name in ("envs", "algorithms", "runs_dir", "set"):
+      if name in flags.FLAGS:
+        self.assertNotEqual(flags.FLAGS.find_module_defining_flag(name), compare.__name__)
 
 
 if __name__ == "__main__":
