@@ -35,11 +35,6 @@ def setup_compilation_cache(path: str | None = None) -> None:
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
-# config.sft.expert: "solver" (BFS / scripted experts) or "random" (uniformly
-# random actions: a warm start on the reply format only).
-SFT_EXPERTS = ("solver", "random")
-
-
 def _bad(field: str, value: Any, why: str) -> ValueError:
   return ValueError(f"config.{field}={value!r}: {why}")
 
@@ -86,8 +81,9 @@ def validate(config) -> None:
   if rows % config.rl.num_minibatches:
     raise _bad("rl.num_minibatches", config.rl.num_minibatches,
                f"does not divide the {rows} trained rows per step (kept groups x group_size)")
-  if config.sft.get("expert", "solver") not in SFT_EXPERTS:
-    raise _bad("sft.expert", config.sft.expert, f"unknown; known: {SFT_EXPERTS}")
+  # config.sft.expert is make_expert's policy (absent in runs saved before it).
+  if config.sft.get("expert", "solver") not in rollout.EXPERT_POLICIES:
+    raise _bad("sft.expert", config.sft.expert, f"unknown; known: {rollout.EXPERT_POLICIES}")
   if config.sft.steps and config.sft.batch_size > config.sft.num_demos:
     raise _bad("sft.batch_size", config.sft.batch_size,
                f"is larger than sft.num_demos={config.sft.num_demos}")

@@ -7,11 +7,12 @@ r"""Runs a grid of env x algorithm training runs and prints one comparison table
 Each cell is a full :func:`experiments.train.run` of the tiny config
 (``experiments/configs/tiny.py:<env>,<algorithm>``) in
 ``<runs_dir>/<env>_<algorithm>`` (an unfinished cell resumes, a finished one,
-with its ``eval_summary.json``, is only re-read), so the table is the RAGEN comparison (its Table 1: StarPO-S vs
-PPO vs GRPO per environment) at our scale. ``--set=<field>=<value>`` changes a
-config field in every cell; ``--set=<scope>:<field>=<value>`` only in the
-cells of that scope: an env id, an algorithm, or ``<env>,<algorithm>``. The table (Markdown) goes to stdout and
-``<runs_dir>/comparison.md``: success after SFT and after RL at the
+with its ``eval_summary.json``, is only re-read), so the table is the RAGEN
+comparison (its Table 1: StarPO-S vs PPO vs GRPO per environment) at our
+scale. ``--set=<field>=<value>`` changes a config field in every cell;
+``--set=<scope>:<field>=<value>`` only in the cells of that scope: an env id,
+an algorithm, or ``<env>,<algorithm>``. The table (Markdown) goes to stdout
+and ``<runs_dir>/comparison.md``: success after SFT and after RL at the
 evaluation temperature, greedy success after RL, the RL gain, and minutes.
 """
 

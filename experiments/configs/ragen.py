@@ -24,6 +24,7 @@ import ml_collections
 
 from experiments.configs import tiny
 from jagent import rollout
+from jagent.train import _rl
 
 _RAGEN_PROMPT = rollout.PromptConfig()  # its defaults are RAGEN's turn texts
 
@@ -44,13 +45,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rollout.update(dict(num_groups=8, group_size=16, max_tokens_per_turn=400,
                         temperature=1.0))
   c.sft.update(dict(steps=0))
-  starpo_s = c.algorithm == "starpo_s"
+  filter_value = 0.25 if c.algorithm == "starpo_s" else 1.0
+  # RAGEN's 32-row PPO minibatches of the trained rows (kept groups x 16).
+  rows = _rl.num_kept_groups(c.rollout.num_groups, c.rl.filter_mode,
+                             filter_value) * c.rollout.group_size
   c.rl.update(dict(
       steps=200, learning_rate=1e-6, warmup_steps=0, decay="constant",
       critic_learning_rate=1e-5, critic="model", weight_decay=0.01, max_grad_norm=1.0,
-      filter_value=0.25 if starpo_s else 1.0, include_zero=True,
-      # 32-row PPO minibatches: 2 kept groups x 16 (StarPO-S), 8 x 16 otherwise.
-      num_minibatches=1 if starpo_s else 4, ppo_epochs=1, old_logprobs="recompute"))
+      filter_value=filter_value, include_zero=True, num_minibatches=max(1, rows // 32),
+      ppo_epochs=1, old_logprobs="recompute"))
   c.eval.update(dict(num_levels=256, seed=123, every=10, num_groups=64))
   c.checkpoint.update(dict(every=10, keep=3))
   return c

@@ -78,8 +78,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # expert: "solver" (BFS demonstrations) or "random" (random actions: teaches
   # the reply format only, e.g. for Bandit, whose solver would give the answer).
   c.sft = ml_collections.ConfigDict(dict(
-      expert="solver", num_demos=128, steps=800, batch_size=16, learning_rate=1e-3, warmup_steps=20,
-      actions_per_turn=1))
+      expert="solver", num_demos=128, steps=800, batch_size=16, learning_rate=1e-3,
+      warmup_steps=20, actions_per_turn=1))
 
   # The uncertainty filter (top groups by in-group score std) is StarPO-S's;
   # the other objectives train on every group, as in RAGEN's comparison.

@@ -4,6 +4,7 @@ Please don't use symbols in the ``_``-prefixed modules: they may change.
 """
 
 from jagent.rollout._experts import demonstrations
+from jagent.rollout._experts import EXPERT_POLICIES
 from jagent.rollout._experts import make_expert
 from jagent.rollout._host import Expert
 from jagent.rollout._host import expert_rollout
@@ -29,6 +30,7 @@ from jagent.rollout._trajectory import Trajectory
 
 __all__ = (
     "END_REASONS",
+    "EXPERT_POLICIES",
     "Conversation",
     "Expert",
     "HostEnv",

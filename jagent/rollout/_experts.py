@@ -62,6 +62,10 @@ THINK_TEXTS = {
 }
 
 
+# make_expert's policies: the scripted experts, or uniformly random answers.
+EXPERT_POLICIES = ("solver", "random")
+
+
 def _base(env):
   return env.unwrapped if hasattr(env, "unwrapped") else env
 
@@ -260,8 +264,8 @@ def make_expert(env, *, think: bool, actions_per_turn: int = 1,
       containing ``</think>``, an unknown ``frozen_lake_policy`` or ``gamma``
       outside (0, 1), an unknown ``policy``.
   """
-  if policy not in ("solver", "random"):
-    raise ValueError(f"make_expert: policy={policy!r}; use 'solver' or 'random'")
+  if policy not in EXPERT_POLICIES:
+    raise ValueError(f"make_expert: policy={policy!r}; use one of {EXPERT_POLICIES}")
   if not isinstance(think, bool):
     raise ValueError(f"make_expert: think must be a bool, got {think!r}")
   for name, v in (("actions_per_turn", actions_per_turn), ("max_nodes", max_nodes)):
