@@ -1,0 +1,51 @@
+"""jagent.sharding: device meshes, logical-axis rules, sharded train and rollout steps.
+
+Example (8 devices: 2-way data, 2-way FSDP, 2-way tensor parallelism)::
+
+  from jagent import sharding, train
+  mesh = sharding.make_mesh("data:2,fsdp:2,tensor:2")
+  shardings = sharding.train_state_shardings(state, mesh)
+  state = jax.device_put(state, shardings)
+  step = sharding.shard_train_step(objective, train_config, mesh, shardings)
+  rollout = sharding.shard_rollout(text_env, model_config, rollout_config, mesh)
+  traj = rollout(state.params, key)            # rows over data x fsdp
+  state, metrics = step(state, traj.to_batch())  # state donated
+
+Please don't use symbols in the ``_``-prefixed modules: they may change.
+"""
+
+from jagent.sharding._mesh import make_mesh
+from jagent.sharding._mesh import MESH_AXES
+from jagent.sharding._mesh import parse_mesh_spec
+from jagent.sharding._mesh import ROW_AXES
+from jagent.sharding._mesh import rows_size
+from jagent.sharding._rules import batch_sharding
+from jagent.sharding._rules import DEFAULT_RULES
+from jagent.sharding._rules import logical_to_sharding
+from jagent.sharding._rules import param_shardings
+from jagent.sharding._rules import replicated
+from jagent.sharding._rules import rows_shardings
+from jagent.sharding._rules import shard_rows
+from jagent.sharding._rules import train_state_shardings
+from jagent.sharding._rules import tree_shardings
+from jagent.sharding._steps import shard_rollout
+from jagent.sharding._steps import shard_train_step
+
+__all__ = (
+    "DEFAULT_RULES",
+    "MESH_AXES",
+    "ROW_AXES",
+    "batch_sharding",
+    "logical_to_sharding",
+    "make_mesh",
+    "param_shardings",
+    "parse_mesh_spec",
+    "replicated",
+    "rows_shardings",
+    "rows_size",
+    "shard_rollout",
+    "shard_rows",
+    "shard_train_step",
+    "train_state_shardings",
+    "tree_shardings",
+)

@@ -1,0 +1,359 @@
+"""jagent.sharding: mesh specs, logical-axis rules, and sharded train / rollout steps.
+
+The sharded train step and rollout on meshes (data, fsdp, tensor) = (8,1,1),
+(2,2,2) and (1,2,4) of the 8 fake CPU devices (tests/conftest.py) must give
+the single-device ``train.train_step`` / ``rollout.make_rollout`` results.
+The (1,2,4) mesh also exercises the divisibility fallback: 2 key/value heads
+do not split over ``tensor:4``.
+"""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
+
+import envs_jax
+from jagent import models
+from jagent import rollout
+from jagent import sharding
+from jagent import tokenizers
+from jagent import train
+from jagent import transforms
+
+TOK = tokenizers.load_tiny_tokenizer()
+# heads 4, mlp 32 / 64, vocab 512 and embed 16 / 32 divide every mesh below;
+# 2 kv heads do not divide tensor:4 (the fallback).
+TRAIN_CFG = models.ModelConfig(vocab_size=64, embed_dim=16, num_layers=1, num_heads=4,
+                               num_kv_heads=2, head_dim=4, mlp_dim=32, tie_embeddings=False)
+ROLLOUT_CFG = models.ModelConfig(vocab_size=512, embed_dim=32, num_layers=1, num_heads=4,
+                                 num_kv_heads=2, head_dim=8, mlp_dim=64, tie_embeddings=False,
+                                 eos_id=TOK.eos_id, pad_id=0)
+MESHES = (("data8", "data:8"), ("cube", "data:2,fsdp:2,tensor:2"),
+          ("fsdp2_tensor4", "fsdp:2,tensor:4"))
+ROWS = P(("data", "fsdp"))
+
+
+def _spec(mesh, *axes):
+  return NamedSharding(mesh, P(*axes))
+
+
+class MakeMeshTest(parameterized.TestCase):
+
+  @parameterized.parameters(
+      ("data:2,fsdp:2,tensor:2", (2, 2, 2)),
+      ("", (8, 1, 1)),
+      ("  ", (8, 1, 1)),
+      ("tensor:8", (1, 1, 8)),
+      ("fsdp:-1", (1, 8, 1)),
+      (" tensor : 4 , data : -1 ", (2, 1, 4)),
+      ("fsdp:2,tensor:-1", (1, 2, 4)),
+      ("data:8,fsdp:1", (8, 1, 1)),
+  )
+  def test_parse(self, spec, shape):
+    self.assertEqual(sharding.parse_mesh_spec(spec, 8), shape)
+    mesh = sharding.make_mesh(spec)
+    self.assertEqual(mesh.axis_names, ("data", "fsdp", "tensor"))
+    self.assertEqual(tuple(mesh.shape.values()), shape)
+    self.assertEqual(mesh.axis_types, (jax.sharding.AxisType.Auto,) * 3)
+    self.assertEqual(sorted(d.id for d in mesh.devices.flat),
+                     sorted(d.id for d in jax.devices()))
+    self.assertEqual(sharding.rows_size(mesh), shape[0] * shape[1])
+
+  def test_devices_subset(self):
+    devices = jax.devices()[2:6]
+    mesh = sharding.make_mesh("data:2,tensor:2", devices)
+    self.assertEqual(dict(mesh.shape), {"data": 2, "fsdp": 1, "tensor": 2})
+    self.assertEqual({d.id for d in mesh.devices.flat}, {d.id for d in devices})
+    self.assertEqual(sharding.make_mesh("", devices[:1]).devices.shape, (1, 1, 1))
+
+  @parameterized.parameters(
+      ("model:8", "'model'"),            # unknown axis
+      ("data:4,data:2", "duplicate axis 'data'"),
+      ("data:two", "'two'"),            # not an integer
+      ("data:2.5", "'2.5'"),
+      ("data:3", "multiply to 3"),      # product != 8
+      ("data:2,fsdp:2", "multiply to 4"),
+      ("data:-1,fsdp:-1", "second -1"),
+      ("data:0,fsdp:8", "size 0"),
+      ("tensor:-2", "size -2"),
+      ("data", "'data' is not 'axis:size'"),
+      ("data:2,", "'' is not 'axis:size'"),
+      ("fsdp:3,data:-1", "do not divide"),
+  )
+  def test_errors(self, spec, message):
+    with self.assertRaisesRegex(ValueError, message):
+      sharding.make_mesh(spec)
+
+  def test_other_errors(self):
+    with self.assertRaisesRegex(ValueError, "empty devices"):
+      sharding.make_mesh("", [])
+    with self.assertRaisesRegex(ValueError, "must be a str"):
+      sharding.make_mesh(8)
+
+
+class RulesTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.params = jax.eval_shape(lambda k: models.init(TRAIN_CFG, k), jax.random.key(0))
+
+  def test_default_rules(self):
+    rules = dict(sharding.DEFAULT_RULES)
+    self.assertEqual(rules["batch"], ("data", "fsdp"))
+    self.assertEqual(rules["embed"], "fsdp")
+    for name in ("q_heads", "kv_heads", "mlp", "vocab"):
+      self.assertEqual(rules[name], "tensor")
+    self.assertIsNone(rules["head_dim"])
+    self.assertIsNone(rules["cache_seq"])
+    # Every logical name the model uses has a rule.
+    names = {n for spec in jax.tree.leaves(
+        (models.param_axes(TRAIN_CFG), models.cache_axes(TRAIN_CFG)),
+        is_leaf=lambda x: isinstance(x, P)) for n in spec}
+    self.assertEqual(names, set(rules))
+
+  def test_param_shardings_with_fallback(self):
+    mesh = sharding.make_mesh("fsdp:2,tensor:4")
+    sh = sharding.param_shardings(self.params, mesh)
+    layer = sh.layers[0]
+    self.assertEqual(sh.embed, _spec(mesh, "tensor", "fsdp"))      # [V, D]
+    self.assertEqual(sh.lm_head, _spec(mesh, "fsdp", "tensor"))    # [D, V]
+    self.assertEqual(sh.final_norm, _spec(mesh, "fsdp"))
+    self.assertEqual(layer.wq, _spec(mesh, "fsdp", "tensor"))      # [D, H=4, Dh]
+    self.assertEqual(layer.bq, _spec(mesh, "tensor"))              # [H=4, Dh]
+    # K = 2 key/value heads do not split 4 ways: that dimension is replicated.
+    self.assertEqual(layer.wk, _spec(mesh, "fsdp"))                # [D, K=2, Dh]
+    self.assertEqual(layer.bk, _spec(mesh))
+    self.assertEqual(layer.wo, _spec(mesh, "tensor", None, "fsdp"))  # [H, Dh, D]
+    self.assertEqual(layer.w_down, _spec(mesh, "tensor", "fsdp"))  # [F, D]
+    # On (2,2,2) they split 2 ways.
+    cube = sharding.param_shardings(self.params, sharding.make_mesh("data:2,fsdp:2,tensor:2"))
+    self.assertEqual(cube.layers[0].wk.spec, P("fsdp", "tensor"))
+    self.assertEqual(cube.layers[0].bk.spec, P("tensor"))
+
+  def test_fallback_on_embed_and_vocab(self):
+    odd = TRAIN_CFG.replace(embed_dim=12, vocab_size=66, mlp_dim=36, num_heads=2,
+                            num_kv_heads=1)
+    params = jax.eval_shape(lambda k: models.init(odd, k), jax.random.key(0))
+    mesh = sharding.make_mesh("fsdp:8")
+    sh = sharding.param_shardings(params, mesh)
+    # 12 % 8 != 0: embed replicated; tensor (size 1) divides everything.
+    self.assertEqual(sh.embed.spec, P("tensor"))
+    self.assertEqual(sh.layers[0].w_up.spec, P(None, "tensor"))
+    mesh = sharding.make_mesh("data:2,fsdp:2,tensor:2")
+    sh = sharding.param_shardings(params, mesh)
+    self.assertEqual(sh.embed.spec, P("tensor", "fsdp"))           # 66 % 2, 12 % 2
+    self.assertEqual(sh.layers[0].wk.spec, P("fsdp"))              # K = 1
+    mesh = sharding.make_mesh("tensor:8")
+    sh = sharding.param_shardings(params, mesh)
+    self.assertEqual(sh.embed.spec, P(None, "fsdp"))               # 66 % 8 != 0
+    self.assertEqual(sh.layers[0].w_gate.spec, P("fsdp"))          # 36 % 8 != 0
+    # Arrays placed with these shardings hold the right blocks.
+    real = models.init(odd, jax.random.key(0))
+    placed = jax.device_put(real, sharding.param_shardings(real, mesh))
+    np.testing.assert_array_equal(placed.embed, real.embed)
+    self.assertEqual(placed.layers[0].wq.addressable_shards[0].data.shape, (12, 2, 4))
+
+  def test_logical_to_sharding(self):
+    mesh = sharding.make_mesh("data:2,fsdp:2,tensor:2")
+    self.assertEqual(sharding.logical_to_sharding(P("batch", None), (4, 3), mesh).spec,
+                     P(("data", "fsdp")))
+    # 6 rows do not split 4 ways.
+    self.assertEqual(sharding.logical_to_sharding(P("batch"), (6,), mesh).spec, P())
+    self.assertEqual(sharding.logical_to_sharding(P(), (), mesh).spec, P())
+    # Earlier rules win a contested mesh axis; user rules are plain data.
+    rules = (("mlp", "fsdp"), ("embed", "fsdp"))
+    self.assertEqual(sharding.logical_to_sharding(P("embed", "mlp"), (4, 4), mesh, rules).spec,
+                     P(None, "fsdp"))
+    with self.assertRaisesRegex(ValueError, "'pipeline'"):
+      sharding.logical_to_sharding(P("embed"), (4,), mesh, (("embed", "pipeline"),))
+    with self.assertRaisesRegex(ValueError, "pair"):
+      sharding.logical_to_sharding(P("embed"), (4,), mesh, (("embed",),))
+    with self.assertRaisesRegex(ValueError, r"shape \(4,\)"):
+      sharding.logical_to_sharding(P("embed", "mlp"), (4,), mesh)
+    with self.assertRaisesRegex(ValueError, "Params"):
+      sharding.param_shardings({"w": jnp.zeros(3)}, mesh)
+
+  def test_train_state_shardings(self):
+    mesh = sharding.make_mesh("fsdp:2,tensor:4")
+    tc = train.TrainConfig(model=TRAIN_CFG)
+    state = jax.eval_shape(lambda p, k: train.init_train_state(
+        p, k, config=tc, critic="model", reference=True, objective=transforms.make("ppo")),
+        self.params, jax.random.key(1))
+    sh = sharding.train_state_shardings(state, mesh)
+    params = sharding.param_shardings(self.params, mesh)
+    rep = sharding.replicated(mesh)
+    self.assertEqual(sh.params, params)
+    self.assertEqual(sh.ref_params, params)
+    self.assertEqual(sh.critic_params.trunk, params)
+    self.assertEqual(sh.critic_params.head.w, _spec(mesh, "fsdp"))
+    self.assertEqual(sh.critic_params.head.b, rep)
+    for s in (sh.step, sh.rng, sh.num_updates, sh.skipped_nonfinite, sh.skipped_empty):
+      self.assertEqual(s, rep)
+    self.assertTrue(all(s == rep for s in jax.tree.leaves(sh.objective_state)))
+    # Adam's moments mirror their parameters; the step counts are replicated.
+    for opt, p in ((sh.opt_state, params), (sh.critic_opt_state, sh.critic_params)):
+      adam = [s for s in jax.tree.leaves(opt, is_leaf=lambda x: hasattr(x, "mu"))
+              if hasattr(s, "mu")]
+      self.assertLen(adam, 1)
+      self.assertEqual(adam[0].mu, p)
+      self.assertEqual(adam[0].nu, p)
+      self.assertEqual(adam[0].count, rep)
+      n_param = len(jax.tree.leaves(p))
+      self.assertEqual(sum(s != rep for s in jax.tree.leaves(opt)),
+                       2 * sum(s != rep for s in jax.tree.leaves(p)))
+      self.assertGreater(len(jax.tree.leaves(opt)), 2 * n_param)
+    with self.assertRaisesRegex(ValueError, "TrainState"):
+      sharding.train_state_shardings(state.params, mesh)
+
+  def test_rows(self):
+    mesh = sharding.make_mesh("data:2,fsdp:2,tensor:2")
+    batch = transforms.Batch(tokens=jnp.arange(24).reshape(8, 3),
+                             loss_mask=jnp.ones((8, 3)), scores=jnp.arange(8.0),
+                             metrics={"m": jnp.float32(1.0)}, group_size=2)
+    self.assertEqual(sharding.batch_sharding(mesh), NamedSharding(mesh, ROWS))
+    sh = sharding.rows_shardings(batch, mesh)
+    self.assertEqual(sh.tokens, NamedSharding(mesh, ROWS))
+    self.assertEqual(sh.metrics["m"], sharding.replicated(mesh))
+    placed = sharding.shard_rows(batch, mesh)
+    self.assertEqual(placed.group_size, 2)
+    np.testing.assert_array_equal(placed.tokens, batch.tokens)
+    # 4 row blocks of 2 rows, each on the 2 devices of one tensor pair.
+    blocks = {(s.index[0].start, s.data.shape) for s in placed.tokens.addressable_shards}
+    self.assertEqual(blocks, {(0, (2, 3)), (2, (2, 3)), (4, (2, 3)), (6, (2, 3))})
+    with self.assertRaisesRegex(ValueError, r"B=6 are not divisible by data x fsdp = 4"):
+      sharding.shard_rows(transforms.Batch(tokens=jnp.zeros((6, 3))), mesh)
+    with self.assertRaisesRegex(ValueError, r"\[4, 8\]"):
+      sharding.rows_shardings({"a": jnp.zeros(8), "b": jnp.zeros((4, 2))}, mesh)
+
+
+class ShardedTrainStepTest(parameterized.TestCase):
+  """PPO with a value-head critic: one step with 2 shuffled minibatches."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    # eps 1e-4: Adam divides each gradient by its own magnitude, so with eps
+    # 1e-8 a gradient that is exactly 0 up to float noise (e.g. bk's: keys'
+    # biases shift all scores of a query equally) moves by +-lr either way.
+    opt = train.OptimizerConfig(learning_rate=1e-3, eps=1e-4)
+    cls.config = train.TrainConfig(model=TRAIN_CFG, actor_optimizer=opt, critic_optimizer=opt,
+                                   num_minibatches=2, shuffle_minibatches=True)
+    cls.objective = transforms.make("ppo")
+    b, s = 8, 12
+    rng = np.random.default_rng(0)
+    mask = np.zeros((b, s), np.float32)
+    mask[:, 5:] = 1.0
+    rewards = np.zeros((b, s), np.float32)
+    rewards[:, -1] = rng.normal(size=b)
+    cls.batch = transforms.Batch(
+        tokens=jnp.asarray(rng.integers(1, TRAIN_CFG.vocab_size, (b, s)), jnp.int32),
+        loss_mask=jnp.asarray(mask), rewards=jnp.asarray(rewards),
+        scores=jnp.asarray(rewards.sum(1)), terminated=jnp.ones((b,), bool), group_size=2)
+    params = models.init(TRAIN_CFG, jax.random.key(0))
+    cls.state = train.init_train_state(params, jax.random.key(1), config=cls.config,
+                                       critic="head", objective=cls.objective)
+    cls.expected = train.train_step(cls.state, cls.batch, objective=cls.objective,
+                                    config=cls.config)
+
+  @parameterized.named_parameters(*MESHES)
+  def test_equals_single_device(self, spec):
+    mesh = sharding.make_mesh(spec)
+    sh = sharding.train_state_shardings(self.state, mesh)
+    step = sharding.shard_train_step(self.objective, self.config, mesh, sh)
+    placed = jax.device_put(jax.tree.map(jnp.copy, self.state), sh)
+    new, metrics = step(placed, self.batch)
+    self.assertTrue(placed.params.embed.is_deleted())  # donated
+    want_state, want_metrics = self.expected
+    self.assertEqual(int(new.step), 1)
+    self.assertEqual(int(new.num_updates), 2)
+    # The update moved the parameters well beyond the tolerance.
+    moved = np.max(np.abs(np.asarray(want_state.params.layers[0].wq)
+                          - np.asarray(self.state.params.layers[0].wq)))
+    self.assertGreater(moved, 1e-4)
+    # rtol 1e-5 of each array's scale: sharded sums add in another order.
+    paths = jax.tree_util.tree_flatten_with_path(want_state)[0]
+    for (path, want), got in zip(paths, jax.tree.leaves(new)):
+      want = np.asarray(want)
+      scale = float(np.max(np.abs(want))) if want.size and want.dtype.kind == "f" else 0.0
+      np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5 * scale,
+                                 err_msg=jax.tree_util.keystr(path))
+    self.assertEqual(set(metrics), set(want_metrics))
+    for k, v in want_metrics.items():
+      np.testing.assert_allclose(metrics[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+    self.assertGreater(float(metrics["loss/value"]), 0.01)
+    # Outputs carry the requested shardings.
+    for got, want in zip(jax.tree.leaves(new), jax.tree.leaves(sh)):
+      self.assertEqual(got.sharding, want)
+    for v in metrics.values():
+      self.assertTrue(v.sharding.is_fully_replicated)
+    data, fsdp, tensor = mesh.shape.values()
+    wq = new.params.layers[0].wq  # [D=16, H=4, Dh=4] over (fsdp, tensor)
+    self.assertEqual(wq.addressable_shards[0].data.shape, (16 // fsdp, 4 // tensor, 4))
+    mu = new.opt_state[1][0].mu.layers[0].wq
+    self.assertEqual(mu.sharding, wq.sharding)
+    wk = new.params.layers[0].wk  # K = 2: split only when tensor divides it
+    self.assertEqual(wk.addressable_shards[0].data.shape,
+                     (16 // fsdp, 2 // tensor if 2 % tensor == 0 else 2, 4))
+    del data
+
+  def test_errors(self):
+    mesh = sharding.make_mesh("data:8")
+    sh = sharding.train_state_shardings(self.state, mesh)
+    step = sharding.shard_train_step(self.objective, self.config, mesh, sh)
+    half = jax.tree.map(lambda x: x[:4], self.batch)
+    with self.assertRaisesRegex(ValueError, r"B=4 are not divisible by data x fsdp = 8"):
+      step(self.state, half)
+    with self.assertRaisesRegex(ValueError, "state_shardings"):
+      sharding.shard_train_step(self.objective, self.config, mesh, sh.params)
+    other = sharding.train_state_shardings(self.state, sharding.make_mesh("tensor:8"))
+    with self.assertRaisesRegex(ValueError, "on the given mesh"):
+      sharding.shard_train_step(self.objective, self.config, mesh, other)
+
+
+class ShardedRolloutTest(parameterized.TestCase):
+  """A 2-turn FrozenLake rollout of 8 rows by a random policy."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    env, _ = envs_jax.make("FrozenLake-4x4-v0")
+    cls.text_env = rollout.TextEnv(env, TOK, rollout.PromptConfig.compact(
+        system="", instructions="", think=False))
+    cls.config = rollout.RolloutConfig(num_groups=4, group_size=2, max_turns=2,
+                                       max_tokens_per_turn=8)
+    cls.params = models.init(ROLLOUT_CFG, jax.random.key(0))
+    cls.expected = rollout.make_rollout(cls.text_env, ROLLOUT_CFG, cls.config)(
+        cls.params, jax.random.key(1))
+
+  @parameterized.named_parameters(*MESHES)
+  def test_equals_single_device(self, spec):
+    mesh = sharding.make_mesh(spec)
+    fn = sharding.shard_rollout(self.text_env, ROLLOUT_CFG, self.config, mesh)
+    got = fn(self.params, jax.random.key(1))
+    want = self.expected
+    self.assertGreater(int(np.sum(want.loss_mask)), 60)  # the policy did reply
+    for name in ("tokens", "loss_mask", "turn_ids", "length", "num_turns", "end_reason",
+                 "reply_lengths", "format_valid", "anchor_hashes", "group_ids", "scores",
+                 "token_rewards", "turn_rewards"):
+      np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=1e-5)
+    self.assertEqual(got.group_size, 2)
+    for leaf in jax.tree.leaves(got):
+      self.assertEqual(leaf.sharding, NamedSharding(mesh, ROWS))
+    self.assertEqual(got.tokens.addressable_shards[0].data.shape[0],
+                     8 // sharding.rows_size(mesh))
+
+  def test_rows_not_divisible(self):
+    config = rollout.RolloutConfig(num_groups=3, group_size=2, max_turns=2,
+                                   max_tokens_per_turn=8)
+    with self.assertRaisesRegex(ValueError, r"B = num_groups x group_size = 6 .* = 4"):
+      sharding.shard_rollout(self.text_env, ROLLOUT_CFG, config,
+                             sharding.make_mesh("data:2,fsdp:2,tensor:2"))
+
+
+if __name__ == "__main__":
+  absltest.main()
