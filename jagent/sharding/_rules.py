@@ -195,7 +195,14 @@ def _mirror(tree: PyTree, template: PyTree, template_shardings: PyTree,
 
 
 def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
-  """The fully replicated ``NamedSharding(mesh, P())``."""
+  """The fully replicated sharding: every device holds the whole array.
+
+  Args:
+    mesh: the device mesh.
+
+  Returns:
+    ``NamedSharding(mesh, P())`` (any shape and dtype).
+  """
   return NamedSharding(mesh, P())
 
 

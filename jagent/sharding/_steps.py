@@ -55,7 +55,10 @@ def shard_train_step(objective: transforms.Objective, config: _state.TrainConfig
   (:func:`shard_rows`; both no-ops when already there), then runs one jitted
   program whose outputs are the new state on ``state_shardings`` and
   replicated metrics. The input state's buffers are donated (reused for the
-  new state): do not read ``state`` after the call. Values equal the
+  new state): do not read ``state`` after the call, nor the arrays it was
+  placed from (``jax.device_put`` onto a replicated sharding reuses a
+  single-device array's buffer for its first shard, even with
+  ``may_alias=False``, in jax 0.10.2). Values equal the
   single-device ``train_step`` up to float reassociation of the sharded
   reductions. One compile per batch structure and shapes.
 

@@ -333,7 +333,14 @@ class ShardedRolloutTest(parameterized.TestCase):
   def test_equals_single_device(self, spec):
     mesh = sharding.make_mesh(spec)
     fn = sharding.shard_rollout(self.text_env, ROLLOUT_CFG, self.config, mesh)
-    got = fn(self.params, jax.random.key(1))
+    key = jax.random.key(1)
+    if spec == MESHES[1][1]:
+      # The reset_keys variant (no extra compile of a reference): these are
+      # the keys make_rollout draws from ``key`` by default (its first split).
+      reset_keys = jax.random.split(jax.random.split(key, 3)[0], self.config.num_groups)
+      got = fn(self.params, key, reset_keys)
+    else:
+      got = fn(self.params, key)
     want = self.expected
     self.assertGreater(int(np.sum(want.loss_mask)), 60)  # the policy did reply
     for name in ("tokens", "loss_mask", "turn_ids", "length", "num_turns", "end_reason",
