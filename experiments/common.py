@@ -167,20 +167,25 @@ class Experiment:
     self.eval_keys = jax.random.split(jax.random.key(c.eval.seed), c.eval.num_levels)
 
   # ------------------------------------------------------------------ rollouts
-  def rollout_fn(self, kind: str):
-    """The jitted rollout: ``"train"``, ``"eval_temp"`` or ``"eval_greedy"``."""
-    if kind not in self._rollouts:
+  def rollout_fn(self, kind: str, temperature: float | None = None):
+    """The jitted rollout: ``"train"``, ``"eval_temp"`` or ``"eval_greedy"``.
+
+    ``temperature`` (eval kinds only) overrides ``config.eval.temperature``.
+    """
+    if kind == "train" or temperature is None:
+      temperature = self.config.eval.temperature
+    if (kind, temperature) not in self._rollouts:
       rc = self.rollout_config
       if kind != "train":
         rc = rollout.RolloutConfig(
             num_groups=self.config.eval.num_groups, group_size=1, max_turns=rc.max_turns,
             max_tokens_per_turn=rc.max_tokens_per_turn,
             max_actions_per_traj=rc.max_actions_per_traj,
-            temperature=self.config.eval.temperature, greedy=kind == "eval_greedy",
+            temperature=temperature, greedy=kind == "eval_greedy",
             context_size=self.context_size)
-      self._rollouts[kind] = rollout.make_rollout(self.text_env, self.model_config, rc,
-                                                  self.env_params)
-    return self._rollouts[kind]
+      self._rollouts[kind, temperature] = rollout.make_rollout(
+          self.text_env, self.model_config, rc, self.env_params)
+    return self._rollouts[kind, temperature]
 
   def init_params(self):
     """Initial policy parameters (random, or the Hugging Face checkpoint)."""
@@ -267,8 +272,11 @@ class Experiment:
 
   # ---------------------------------------------------------------------- eval
   def evaluate(self, params, *, temperature: float | None = None, greedy: bool = False):
-    """Metrics on the fixed held-out levels (see ``jagent.train`` evaluate)."""
-    fn = self.rollout_fn("eval_greedy" if greedy else "eval_temp")
+    """Metrics on the fixed held-out levels (see ``jagent.train`` evaluate).
+
+    ``temperature`` overrides ``config.eval.temperature`` (ignored when greedy).
+    """
+    fn = self.rollout_fn("eval_greedy" if greedy else "eval_temp", temperature)
     m, _ = _rl.evaluate(fn, params, self.eval_keys, jax.random.key(self.config.seed + 3),
                         self.config.eval.num_groups)
     return m

@@ -7,8 +7,9 @@ Trains a 512-piece byte-fallback BPE sentencepiece model (see
 of environment-like text: Sokoban and FrozenLake grids in every shipped symbol
 set, game instructions, turn headers, rewards, Countdown-style number puzzles
 and ``<think>...</think><answer>...</answer>`` replies with the action names.
-Grid symbols, the newline and the ChatML markers are user-defined pieces, so
-each is always exactly one token. Training is single-threaded and seeded, so
+Grid symbols, the newline, the ChatML markers and the reply tags
+(``<think>``, ``</think>``, ``<answer>``, ``</answer>``) are user-defined
+pieces, so each is always exactly one token. Training is single-threaded and seeded, so
 rerunning reproduces the committed file byte for byte
 (tests/jagent/tokenizers/tokenizers_test.py checks this).
 """

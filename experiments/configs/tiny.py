@@ -17,17 +17,19 @@ from __future__ import annotations
 import ml_collections
 
 # Per game: turns, actions and tokens of one episode (RAGEN: 5 turns, 10 actions).
+# Reply budgets: the longest expert reply plus 2 tokens of slack; with the tiny
+# tokenizer "<answer>Right</answer>" + EOS is 4 tokens, "<answer>Librarian</answer>"
+# + EOS 10 (the tags are one token each).
 _GAMES = {
-    "Sokoban": dict(max_turns=5, max_actions_per_traj=10, max_tokens_per_turn=10,
+    "Sokoban": dict(max_turns=5, max_actions_per_traj=10, max_tokens_per_turn=6,
                     system="You play Sokoban."),
-    "Boxoban": dict(max_turns=5, max_actions_per_traj=10, max_tokens_per_turn=10,
+    "Boxoban": dict(max_turns=5, max_actions_per_traj=10, max_tokens_per_turn=6,
                     system="You play Sokoban."),
-    "FrozenLake": dict(max_turns=5, max_actions_per_traj=10, max_tokens_per_turn=10,
+    "FrozenLake": dict(max_turns=5, max_actions_per_traj=10, max_tokens_per_turn=6,
                        system="You play FrozenLake."),
-    # "<answer>Librarian</answer>" + EOS is 14 tiny-tokenizer tokens.
-    "Bandit": dict(max_turns=1, max_actions_per_traj=1, max_tokens_per_turn=16,
+    "Bandit": dict(max_turns=1, max_actions_per_traj=1, max_tokens_per_turn=12,
                    system="You play a bandit game."),
-    "BanditTest": dict(max_turns=1, max_actions_per_traj=1, max_tokens_per_turn=16,
+    "BanditTest": dict(max_turns=1, max_actions_per_traj=1, max_tokens_per_turn=12,
                        system="You play a bandit game."),
     "Countdown": dict(max_turns=1, max_actions_per_traj=1, max_tokens_per_turn=24,
                       system="You play Countdown."),

@@ -14,6 +14,7 @@ from jagent.tokenizers._sentencepiece import load_tiny_tokenizer
 from jagent.tokenizers._sentencepiece import SentencePieceTokenizer
 from jagent.tokenizers._sentencepiece import tiny_tokenizer_path
 from jagent.tokenizers._sentencepiece import TINY_SYMBOLS
+from jagent.tokenizers._sentencepiece import TINY_TAGS
 from jagent.tokenizers._sentencepiece import train_sentencepiece
 
 __all__ = (
@@ -21,6 +22,7 @@ __all__ = (
     "HFTokenizer",
     "SentencePieceTokenizer",
     "TINY_SYMBOLS",
+    "TINY_TAGS",
     "Tokenizer",
     "chatml_template",
     "gather_bytes",

@@ -16,6 +16,9 @@ from jagent.tokenizers import _base
 # observation renders to tokens by a plain table lookup.
 TINY_SPECIAL = ("<|im_end|>", "<|im_start|>")
 TINY_SYMBOLS = ("\n", "#", "_", "O", "√", "X", "P", "S", "G", "W", ".", "C", "B", "A", "@")
+# The reply tags: one token each, so "<answer>Up</answer>" is 3 tokens (not 7)
+# and a reply is 4 decode steps with its end-of-turn token.
+TINY_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 TINY_VOCAB_SIZE = 512
 TINY_MODEL = "tiny_sp512.model"
 
@@ -97,7 +100,7 @@ class SentencePieceTokenizer(_base.Tokenizer):
 def train_sentencepiece(
     lines: Iterable[str],
     vocab_size: int = TINY_VOCAB_SIZE,
-    user_defined_symbols: Sequence[str] = TINY_SPECIAL + TINY_SYMBOLS,
+    user_defined_symbols: Sequence[str] = TINY_SPECIAL + TINY_SYMBOLS + TINY_TAGS,
     **trainer_kwargs,
 ) -> bytes:
   """Trains a byte-fallback BPE sentencepiece model whose round trip is exact.

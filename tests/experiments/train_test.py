@@ -6,7 +6,7 @@ then Dr.GRPO with StarPO-S's uncertainty filter (top 25% of groups by raw
 reward std) until the policy answers the high arm.
 
 Why a warm start at all: a randomly initialised model never writes the
-``<answer>Dragon</answer>`` format (11 specific tokens of a 512-token
+``<answer>Dragon</answer>`` format (7 specific tokens of a 512-token
 vocabulary), so every reply scores the -0.1 format penalty, every group has
 zero reward std and RL has no signal (checked: 0 valid replies). The warm
 start therefore teaches the FORMAT only: its demonstrations answer uniformly
@@ -51,9 +51,9 @@ def _bandit_config():
   c = tiny.get_config("Bandit-v0,dr_grpo")
   c.model = "nano"
   c.seed = 0
-  # "<answer>Phoenix</answer>" is 11 tokens plus the EOS; BanditTest-v0's
-  # "<answer>Librarian</answer>" (eval on another env) 13 plus the EOS.
-  c.rollout.update(dict(num_groups=8, group_size=4, max_tokens_per_turn=14,
+  # "<answer>Phoenix</answer>" is 7 tokens plus the EOS; BanditTest-v0's
+  # "<answer>Librarian</answer>" (eval on another env) 9 plus the EOS.
+  c.rollout.update(dict(num_groups=8, group_size=4, max_tokens_per_turn=12,
                         temperature=1.0))
   c.sft.update(dict(expert="random", num_demos=32, steps=60, batch_size=8, learning_rate=2e-2,
                     warmup_steps=10))
@@ -109,9 +109,12 @@ class TrainTest(absltest.TestCase):
     s = self.summary
     self.assertEqual((s["env"], s["algorithm"], s["steps"]), ("Bandit-v0", "dr_grpo", _RL_STEPS))
     # The warm start learned the format but not the arm; RL learned the arm.
+    # (32 demos of uniformly random arms can favour one arm 2:1, which the
+    # temperature-0.5 evaluation sharpens to 4:1, i.e. success up to ~0.8.)
     self.assertGreaterEqual(s["sft"]["format_valid_frac"], 0.8, s)
-    self.assertLessEqual(s["sft"]["success"], 0.8, s)
+    self.assertLessEqual(s["sft"]["success"], 0.85, s)
     self.assertGreaterEqual(s["rl"]["success"], 0.9, s)
+    self.assertGreaterEqual(s["rl"]["success"] - s["sft"]["success"], 0.1, s)
     with open(os.path.join(self.workdir, "eval_summary.json")) as f:
       self.assertEqual(json.load(f), s)
 
@@ -160,6 +163,18 @@ class TrainTest(absltest.TestCase):
         w, g = jax.random.key_data(w), jax.random.key_data(g)
       np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=0, atol=1e-6,
                                  err_msg=jax.tree_util.keystr(path))
+
+  def test_evaluate_at_another_temperature(self):
+    # Experiment.evaluate(temperature=t) equals the evaluation of a config
+    # whose eval.temperature is t (and is not the default 0.5 evaluation).
+    exp = common.Experiment(self.config)
+    params = _restore(exp, self.workdir)[0].params
+    hot = self.config.copy_and_resolve_references()
+    hot.eval.temperature = 2.0
+    want = common.Experiment(hot).evaluate(params)
+    got = exp.evaluate(params, temperature=2.0)
+    self.assertEqual(got, want)
+    self.assertNotEqual(got, exp.evaluate(params))
 
   # ------------------------------------------------------------ bad configs
   def test_bad_configs_fail_before_anything_runs(self):

@@ -302,8 +302,8 @@ class SftAndErrorsTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, "actions_per_turn=3"):
       rollout.demonstrations(te, key=jax.random.key(0), config=config, actions_per_turn=3)
     short = rollout.RolloutConfig(num_groups=2, group_size=1, max_turns=2,
-                                  max_tokens_per_turn=4)
-    with self.assertRaisesRegex(ValueError, "max_tokens_per_turn=4"):
+                                  max_tokens_per_turn=3)
+    with self.assertRaisesRegex(ValueError, "max_tokens_per_turn=3"):
       rollout.demonstrations(te, key=jax.random.key(0), config=short)
     with self.assertRaisesRegex(ValueError, "2 replies for 1 rows"):
       rollout.expert_rollout(

@@ -53,6 +53,18 @@ class TinyTokenizerTest(parameterized.TestCase):
       text = "".join(symbols[s] for s in seq)
       self.assertEqual(TINY.encode(text), [int(ids[s]) for s in seq], repr(text))
 
+  def test_reply_tags_are_one_token_each(self):
+    tags = tokenizers.TINY_TAGS
+    ids = [TINY.encode(t) for t in tags]
+    self.assertEqual([len(i) for i in ids], [1, 1, 1, 1])
+    self.assertEqual([TINY.decode(i) for i in ids], list(tags))
+    # Inside a reply too: the tags never merge with their neighbours.
+    reply = TINY.encode("<think>go left</think><answer>Left</answer>")
+    self.assertEqual(reply[0], ids[0][0])
+    self.assertEqual(reply[-1], ids[3][0])
+    self.assertIn(ids[1][0], reply)
+    self.assertEqual(len(TINY.encode("<answer>Up</answer>")), 3)
+
   def test_symbol_ids_refuses_multi_token_symbols(self):
     with self.assertRaisesRegex(ValueError, "'Sokoban'.*not one context-free token"):
       TINY.symbol_ids(("Sokoban",))
