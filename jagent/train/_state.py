@@ -182,13 +182,14 @@ def init_train_state(params: models.Params, key: jax.Array, *,
   obj_state = ()
   if objective is not None:
     obj_state = objective.init(transforms.Batch() if batch is None else batch)
-  zero = jnp.zeros((), jnp.int32)
+  # One buffer per counter: a donated state may not hold a buffer twice.
+  zero = lambda: jnp.zeros((), jnp.int32)  # pylint: disable=unnecessary-lambda-assignment
   return TrainState(
-      step=zero, params=params, opt_state=opt_state,
+      step=zero(), params=params, opt_state=opt_state,
       critic_params=critic_params, critic_opt_state=critic_opt_state,
       ref_params=ref_params, objective_state=obj_state,
-      rng=jax.random.key_data(k_state), num_updates=zero,
-      skipped_nonfinite=zero, skipped_empty=zero)
+      rng=jax.random.key_data(k_state), num_updates=zero(),
+      skipped_nonfinite=zero(), skipped_empty=zero())
 
 
 class ObjectiveNeeds(NamedTuple):
