@@ -139,6 +139,7 @@ class Experiment:
                  f"rollout.max_turns={r.max_turns} turns of it need {self.context_size} "
                  f"tokens of context; the model has {self.model_config.max_position} positions")
     self._rollouts = {}
+    self._rl_jit = None
     kwargs = dict(c.algorithm_kwargs)
     if c.rl.filter_mode in ("top_fraction", "top_k"):
       # Compaction applies the filter; the objective's own filter keeps all.
@@ -211,6 +212,33 @@ class Experiment:
         key=jax.random.fold_in(jax.random.key(c.seed), 1), config=rc,
         actions_per_turn=c.sft.actions_per_turn, expert=expert)
 
+  def sft_train_config(self, learning_rate=None) -> train.TrainConfig:
+    """The SFT stage's TrainConfig (``learning_rate`` overrides ``sft.learning_rate``).
+
+    ``learning_rate`` may be a traced float32 scalar (a vmapped sweep).
+    """
+    c = self.config
+    return train.TrainConfig(model=self.model_config, actor_optimizer=train.OptimizerConfig(
+        learning_rate=c.sft.learning_rate if learning_rate is None else learning_rate,
+        warmup_steps=c.sft.warmup_steps, decay="cosine",
+        decay_steps=max(1, c.sft.steps - c.sft.warmup_steps), weight_decay=0.0))
+
+  def sft_batch_indices(self, num_demos: int) -> np.ndarray:
+    """int64 ``[sft.steps, sft.batch_size]``: the demonstrations of each SFT step.
+
+    Drawn without replacement per step by ``numpy.random.default_rng(seed)``.
+    """
+    c = self.config
+    rng = np.random.default_rng(c.seed)
+    return np.asarray([rng.choice(num_demos, c.sft.batch_size, replace=False)
+                       for _ in range(c.sft.steps)], np.int64).reshape(
+                           c.sft.steps, c.sft.batch_size)
+
+  def sft_state(self, params, config: train.TrainConfig | None = None) -> train.TrainState:
+    """The SFT TrainState starting from ``params``."""
+    return train.init_train_state(params, jax.random.key(self.config.seed),
+                                  config=config or self.sft_train_config())
+
   def sft(self, writer, *, progress: bool = True):
     """Behaviour cloning on :meth:`demonstrations`; returns the params."""
     import tqdm  # pylint: disable=g-import-not-at-top
@@ -220,15 +248,12 @@ class Experiment:
       return params
     demos = self.demonstrations()
     batch_all = demos.to_batch()
-    tc = train.TrainConfig(model=self.model_config, actor_optimizer=train.OptimizerConfig(
-        learning_rate=c.sft.learning_rate, warmup_steps=c.sft.warmup_steps, decay="cosine",
-        decay_steps=max(1, c.sft.steps - c.sft.warmup_steps), weight_decay=0.0))
-    state = train.init_train_state(params, jax.random.key(c.seed), config=tc)
-    rng = np.random.default_rng(c.seed)
-    n = demos.tokens.shape[0]
+    tc = self.sft_train_config()
+    state = self.sft_state(params, tc)
+    indices = self.sft_batch_indices(demos.tokens.shape[0])
     success = float(np.mean(demos.success))
     for step in tqdm.trange(c.sft.steps, disable=not progress, desc="SFT"):
-      idx = jnp.asarray(rng.choice(n, c.sft.batch_size, replace=False))
+      idx = jnp.asarray(indices[step])
       mb = transforms.Batch(tokens=batch_all.tokens[idx], loss_mask=batch_all.loss_mask[idx])
       state, m = train.sft_step(state, mb, config=tc)
       if (step + 1) % 50 == 0 or step + 1 == c.sft.steps:
@@ -245,40 +270,59 @@ class Experiment:
         critic=c.rl.critic if self.needs.critic else None, reference=self.needs.reference,
         objective=self.objective)
 
-  def rl_step(self, state, step: int):
-    """One iteration: rollout, compaction by the filter, train step."""
+  def rl_key(self, step: int) -> jax.Array:
+    """The rollout key of RL step ``step`` (0-based)."""
+    return jax.random.fold_in(jax.random.key(self.config.seed + 2), step)
+
+  def rl_iteration(self, state, key, *, config: train.TrainConfig | None = None):
+    """One pure RL iteration (``jagent.train.rl_iteration`` with this run's pieces).
+
+    ``config`` overrides :attr:`train_config` (e.g. with a traced learning
+    rate). Not jitted: jit or vmap it; :meth:`rl_step` runs it jitted.
+    """
     c = self.config
-    key = jax.random.fold_in(jax.random.key(c.seed + 2), step)
+    return train.rl_iteration(
+        state, key, rollout_fn=self.rollout_fn("train"), objective=self.objective,
+        config=self.train_config if config is None else config, num_keep=self.num_keep,
+        filter_mode=c.rl.filter_mode, filter_value=c.rl.filter_value,
+        include_zero=c.rl.include_zero)
+
+  def rl_step(self, state, step: int):
+    """One iteration (rollout, compaction by the filter, update) as one jitted program.
+
+    Returns ``(state, metrics)`` with float metrics: those of
+    ``jagent.train.rl_iteration``, ``time/step_seconds`` (wall time of the
+    whole iteration, the metrics' transfer included) and the throughput of
+    the iteration: ``throughput/rollout_tokens_per_s`` (sampled tokens),
+    ``throughput/env_turns_per_s`` and ``throughput/train_tokens_per_s``
+    (trained context tokens, padding included), each per second of the
+    whole iteration (rollout and update run in one program, so they are
+    not timed apart).
+    """
+    if self._rl_jit is None:
+      self._rl_jit = jax.jit(self.rl_iteration)
     t0 = time.perf_counter()
-    traj = jax.block_until_ready(self.rollout_fn("train")(state.params, key))
-    t1 = time.perf_counter()
-    kept, fm = _compact(traj, self.num_keep, c.rl.filter_mode, c.rl.filter_value,
-                        c.rl.include_zero)
-    state, m = jax.block_until_ready(train.train_step(
-        state, kept.to_batch(), objective=self.objective, config=self.train_config))
-    t2 = time.perf_counter()
-    out = {f"rollout/{k}": float(v) for k, v in traj.metrics().items()}
-    # Throughput per phase: sampled tokens and env turns per second of the
-    # rollout, context tokens (rows x S, padding included) per second of the
-    # update (compaction included).
-    out["time/rollout_seconds"] = t1 - t0
-    out["time/train_seconds"] = t2 - t1
-    out["throughput/rollout_tokens_per_s"] = float(np.sum(traj.loss_mask)) / (t1 - t0)
-    out["throughput/env_turns_per_s"] = float(np.sum(traj.num_turns)) / (t1 - t0)
-    out["throughput/train_tokens_per_s"] = float(np.prod(kept.tokens.shape)) / (t2 - t1)
-    out.update({k: float(v) for k, v in fm.items()})
-    out.update({k: float(v) for k, v in m.items()})
+    state, m = self._rl_jit(state, self.rl_key(step))
+    out = {k: float(v) for k, v in jax.device_get(m).items()}
+    sec = time.perf_counter() - t0
+    out["time/step_seconds"] = sec
+    out["throughput/rollout_tokens_per_s"] = out["rollout/sampled_tokens"] / sec
+    out["throughput/env_turns_per_s"] = out["rollout/env_turns"] / sec
+    out["throughput/train_tokens_per_s"] = out["train/context_tokens"] / sec
     return state, out
 
   # ---------------------------------------------------------------------- eval
+  def eval_key(self) -> jax.Array:
+    """The evaluation's sampling key (the initial states are :attr:`eval_keys`)."""
+    return jax.random.key(self.config.seed + 3)
+
   def evaluate(self, params, *, temperature: float | None = None, greedy: bool = False):
     """Metrics on the fixed held-out levels (see ``jagent.train`` evaluate).
 
     ``temperature`` overrides ``config.eval.temperature`` (ignored when greedy).
     """
     fn = self.rollout_fn("eval_greedy" if greedy else "eval_temp", temperature)
-    m, _ = _rl.evaluate(fn, params, self.eval_keys, jax.random.key(self.config.seed + 3),
-                        self.config.eval.num_groups)
+    m, _ = _rl.evaluate(fn, params, self.eval_keys, self.eval_key(), self.config.eval.num_groups)
     return m
 
   def evaluate_all(self, params, stage: str, workdir: str) -> dict:
@@ -286,14 +330,14 @@ class Experiment:
     c = self.config
     out = {}
     fn = self.rollout_fn("eval_temp")
-    m, traj = _rl.evaluate(fn, params, self.eval_keys, jax.random.key(c.seed + 3),
+    m, traj = _rl.evaluate(fn, params, self.eval_keys, self.eval_key(),
                            c.eval.num_groups)
     out.update({k: m[k] for k in ("success", "score", "actions", "turns",
                                   "format_valid_frac", "valid_action_frac")})
     out["temperature"] = c.eval.temperature
     if c.eval.greedy:
       g, _ = _rl.evaluate(self.rollout_fn("eval_greedy"), params, self.eval_keys,
-                          jax.random.key(c.seed + 3), c.eval.num_groups)
+                          self.eval_key(), c.eval.num_groups)
       out["greedy_success"] = g["success"]
       out["greedy_score"] = g["score"]
     out["num_levels"] = c.eval.num_levels
@@ -311,9 +355,3 @@ class Experiment:
     """Writes the policy as a Hugging Face directory ``<workdir>/policy``."""
     train.export_policy(params, self.model_config, os.path.join(workdir, "policy"))
 
-
-def _compact_impl(traj, num_keep, mode, value, include_zero):
-  return _rl.compact_groups(traj, num_keep, mode=mode, value=value, include_zero=include_zero)
-
-
-_compact = jax.jit(_compact_impl, static_argnums=(1, 2, 3, 4))

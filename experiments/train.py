@@ -94,9 +94,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   bar = tqdm.tqdm(range(start, steps), initial=start, total=steps, disable=not progress,
                   desc=f"{config.algorithm} on {config.env}")
   for step in bar:
-    t0 = time.time()
-    state, m = exp.rl_step(state, step)
-    m["time/step_seconds"] = time.time() - t0
+    state, m = exp.rl_step(state, step)  # time/step_seconds included
     if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < steps:
       ev = exp.evaluate(state.params)
       m.update({f"eval/{k}": v for k, v in ev.items()})

@@ -32,6 +32,7 @@ from jagent.train._optim import current_learning_rate
 from jagent.train._optim import make_optimizer
 from jagent.train._optim import make_schedule
 from jagent.train._optim import OptimizerConfig
+from jagent.train._rl import rl_iteration
 from jagent.train._state import init_train_state
 from jagent.train._state import objective_needs
 from jagent.train._state import OLD_LOGPROBS
@@ -67,6 +68,7 @@ __all__ = (
     "nll_loss",
     "objective_needs",
     "read_metrics",
+    "rl_iteration",
     "sft_step",
     "token_logprobs",
     "train_step",

@@ -29,7 +29,9 @@ class OptimizerConfig:
 
   Attributes:
     learning_rate: peak learning rate > 0 (RAGEN at 0.5B: actor 1e-6, critic
-      1e-5).
+      1e-5). May also be a float32 ``[]`` ``jax.Array`` (e.g. traced under
+      ``vmap``, to sweep learning rates in one program; not validated here,
+      and such a config is not hashable, so not a static ``jit`` argument).
     warmup_steps: updates of linear warmup (0: none).
     decay: ``"constant"``, ``"linear"`` or ``"cosine"``.
     decay_steps: updates of decay after warmup (> 0 unless constant).
@@ -59,7 +61,8 @@ class OptimizerConfig:
     def bad(field, why):
       raise ValueError(f"OptimizerConfig.{field}={getattr(self, field)!r}: {why}")
 
-    if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+    if not isinstance(self.learning_rate, jax.Array) and not (
+        self.learning_rate > 0 and math.isfinite(self.learning_rate)):
       bad("learning_rate", "must be a positive finite float")
     for f in ("warmup_steps", "decay_steps"):
       v = getattr(self, f)
@@ -100,7 +103,8 @@ def make_schedule(config: OptimizerConfig) -> optax.Schedule:
     [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
   """
   c = config
-  lr = float(c.learning_rate)
+  lr = (jnp.asarray(c.learning_rate, jnp.float32) if isinstance(c.learning_rate, jax.Array)
+        else float(c.learning_rate))
 
   def schedule(count):
     n = jnp.asarray(count, jnp.float32)

@@ -1,4 +1,4 @@
-"""Pieces of the RL iteration around the train step: group compaction, evaluation.
+"""The RL iteration (:func:`rl_iteration`), group compaction and evaluation.
 
 The iteration is ``rollout -> filter -> advantages -> updates``. StarPO-S's
 uncertainty filter keeps a FIXED number of groups under ``top_fraction`` /
@@ -20,6 +20,8 @@ import numpy as np
 from jagent import losses
 from jagent.losses import _filters
 from jagent.rollout import _trajectory
+from jagent.train import _state
+from jagent.train import _step
 
 
 def num_kept_groups(num_groups: int, mode: str, value: float) -> int:
@@ -88,6 +90,73 @@ def compact_groups(traj: _trajectory.Trajectory, num_keep: int, *,
       "filter/nonzero_std_frac": jnp.mean((std > _filters.ZERO_STD).astype(jnp.float32)),
   }
   return out, metrics
+
+
+def rl_iteration(state: _state.TrainState, key: jax.Array, *,
+                 rollout_fn: Callable[..., _trajectory.Trajectory], objective: Any,
+                 config: _state.TrainConfig, num_keep: int, filter_mode: str = "top_fraction",
+                 filter_value: float = 1.0, include_zero: bool = True
+                 ) -> tuple[_state.TrainState, dict[str, jax.Array]]:
+  """One RL iteration: rollout -> filter -> advantages -> updates, in one program.
+
+  RAGEN's StarPO iteration (arXiv 2504.20073, section 3; StarPO-S adds the
+  uncertainty filter): sample ``N`` groups of ``G`` trajectories with the
+  current policy, keep the ``num_keep`` groups of largest in-group reward
+  std (:func:`compact_groups`, raw scores), then let the objective compute
+  advantages and make ``ppo_epochs x num_minibatches`` updates
+  (:func:`jagent.train.train_step`'s stages). Pure: no host round trip, so
+  it can be jitted, scanned over iterations and vmapped over ``(state,
+  key)`` (many runs in one program, PureJaxRL style). Jit it with the
+  keyword arguments bound (e.g. ``functools.partial``); they are static.
+
+  Args:
+    state: the :class:`jagent.train.TrainState` (its ``params`` sample the
+      rollout).
+    key: a typed PRNG key ``[]``: the rollout's key (initial states,
+      sampling, environment).
+    rollout_fn: ``rollout_fn(params, key) -> Trajectory`` of ``B = N x G``
+      rows and ``S`` tokens (:func:`jagent.rollout.make_rollout`).
+    objective: a :class:`jagent.transforms.Objective`.
+    config: the :class:`jagent.train.TrainConfig`. Its optimizers' learning
+      rates may be traced float32 scalars (a learning-rate sweep under
+      ``vmap``); ``num_keep x G`` must be divisible by ``num_minibatches x
+      num_microbatches``.
+    num_keep: groups kept per iteration (static int in ``[1, N]``;
+      :func:`num_kept_groups`, or ``N`` to keep every group).
+    filter_mode, filter_value, include_zero: the uncertainty filter (see
+      :func:`jagent.losses.filter_groups`); a kept slot whose group the
+      filter drops trains nothing.
+
+  Returns:
+    ``(state, metrics)``: the state after the update (``step + 1``) and a
+    dict of float32 ``[]`` scalars: ``rollout/<key>`` for every key of
+    :meth:`jagent.rollout.Trajectory.metrics` (``rollout/success``,
+    ``rollout/format_valid_frac``, ...), ``rollout/sampled_tokens`` and
+    ``rollout/env_turns`` (sums over the ``B`` rows),
+    ``train/context_tokens`` (``num_keep x G x S``, padding included), the
+    filter's ``filter/*`` (:func:`compact_groups`) and everything
+    :func:`jagent.train.train_step` reports (``actor/entropy``,
+    ``train/grad_norm``, ``loss/*``, ...).
+
+  Raises:
+    ValueError: (at trace time) a bad filter mode or value, ``num_keep``
+      out of range, or what :func:`jagent.train.train_step` raises (rows not
+      divisible, missing batch fields).
+  """
+  _filters.check_filter_args(filter_mode, filter_value)
+  traj = rollout_fn(state.params, key)
+  kept, filter_metrics = compact_groups(traj, num_keep, mode=filter_mode, value=filter_value,
+                                        include_zero=include_zero)
+  state, train_metrics = _step._train_step(  # pylint: disable=protected-access
+      state, kept.to_batch(), objective=objective, config=config)
+  f32 = lambda x: jnp.asarray(x, jnp.float32)  # pylint: disable=unnecessary-lambda-assignment
+  metrics = {f"rollout/{k}": v for k, v in traj.metrics().items()}
+  metrics["rollout/sampled_tokens"] = jnp.sum(f32(traj.loss_mask))
+  metrics["rollout/env_turns"] = jnp.sum(f32(traj.num_turns))
+  metrics["train/context_tokens"] = jnp.float32(np.prod(kept.tokens.shape))
+  metrics.update(filter_metrics)
+  metrics.update(train_metrics)
+  return state, {k: f32(v).reshape(()) for k, v in metrics.items()}
 
 
 def evaluate(rollout_fn: Callable[..., _trajectory.Trajectory], params: Any,

@@ -15,7 +15,7 @@ _EXPECTED = {
     "TrainState", "ValueHead", "accumulate_gradients", "critic_values",
     "current_learning_rate", "export_policy", "init_critic",
     "init_train_state", "make_optimizer", "make_schedule", "nll_loss",
-    "objective_needs", "read_metrics", "sft_step", "token_logprobs",
+    "objective_needs", "read_metrics", "rl_iteration", "sft_step", "token_logprobs",
     "train_step",
 }
 

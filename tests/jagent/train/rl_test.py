@@ -1,10 +1,15 @@
 """Tests of group compaction (StarPO-S filter before the update) and evaluation."""
 
+import functools
+
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jagent import models
+from jagent import train
+from jagent import transforms
 from jagent.rollout import _trajectory
 from jagent.train import _rl
 
@@ -63,6 +68,106 @@ class CompactTest(absltest.TestCase):
     self.assertEqual(_rl.num_kept_groups(8, "top_k", 3), 3)
     with self.assertRaisesRegex(ValueError, "data-dependent"):
       _rl.num_kept_groups(8, "top_p", 0.9)
+
+
+# ------------------------------------------------------------ rl_iteration
+CFG = models.ModelConfig(vocab_size=32, embed_dim=16, num_layers=1, num_heads=2,
+                         num_kv_heads=1, head_dim=8, mlp_dim=32)
+N, G, S = 4, 2, 8
+OBJ = transforms.grpo(kl_coef=0.0)  # built once: static
+
+
+def _train_config(lr=1e-2):
+  return train.TrainConfig(model=CFG, actor_optimizer=train.OptimizerConfig(
+      learning_rate=lr, weight_decay=0.0), num_minibatches=2)
+
+
+def fake_rollout(params, key):
+  """A pure stand-in for make_rollout: one turn of random tokens (the second
+  half of each row sampled), 0/1 scores."""
+  del params
+  k_tok, k_score = jax.random.split(key)
+  tokens = jax.random.randint(k_tok, (N * G, S), 1, CFG.vocab_size)
+  scores = jax.random.bernoulli(k_score, 0.5, (N * G,)).astype(jnp.float32)
+  mask = jnp.broadcast_to(jnp.arange(S)[None] >= S // 2, (N * G, S))
+  return fake_trajectory(scores, G, s=S).replace(
+      tokens=tokens, loss_mask=mask,
+      token_rewards=jnp.zeros((N * G, S)).at[:, -1].set(scores))
+
+
+def _iteration(config):
+  return functools.partial(_rl.rl_iteration, rollout_fn=fake_rollout, objective=OBJ,
+                           config=config, num_keep=2, filter_mode="top_fraction",
+                           filter_value=0.5, include_zero=True)
+
+
+class RlIterationTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.states = [train.init_train_state(models.init(CFG, jax.random.key(i)),
+                                         jax.random.key(10 + i), config=_train_config(),
+                                         objective=OBJ) for i in range(2)]
+    cls.keys = [jax.random.key(20), jax.random.key(21)]
+    cls.one = staticmethod(jax.jit(_iteration(_train_config())))
+
+  def test_equals_rollout_compact_train_step(self):
+    state, m = self.one(self.states[0], self.keys[0])
+    traj = fake_rollout(self.states[0].params, self.keys[0])
+    kept, fm = _rl.compact_groups(traj, 2, mode="top_fraction", value=0.5)
+    want, tm = train.train_step(self.states[0], kept.to_batch(), objective=OBJ,
+                                config=_train_config())
+    for g, w in zip(jax.tree.leaves(state.params), jax.tree.leaves(want.params)):
+      np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+    self.assertFalse(np.array_equal(jax.tree.leaves(state.params)[0],
+                                    jax.tree.leaves(self.states[0].params)[0]))
+    self.assertEqual(int(state.step), 1)
+    for k, v in m.items():
+      self.assertEqual((v.shape, v.dtype), ((), jnp.float32), k)
+    for k, v in {**fm, **tm}.items():
+      np.testing.assert_allclose(m[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+    for k, v in traj.metrics().items():
+      np.testing.assert_allclose(m[f"rollout/{k}"], v, rtol=1e-6, err_msg=k)
+    self.assertEqual(float(m["rollout/sampled_tokens"]), N * G * S // 2)
+    self.assertEqual(float(m["rollout/env_turns"]), N * G)  # one turn each
+    self.assertEqual(float(m["train/context_tokens"]), 2 * G * S)
+    for k in ("rollout/success", "filter/reward_std_before", "actor/entropy",
+              "train/grad_norm", "rollout/format_valid_frac"):
+      self.assertIn(k, m)
+
+  def test_vmap_over_runs_and_learning_rates_equals_separate_runs(self):
+    # Two runs (state, key, learning rate) in one vmapped program; the
+    # learning rate is a traced value there and a Python float in the
+    # separate runs. Tolerance: the vmapped matmuls round differently (~1e-7)
+    # and Adam's first updates amplify that on near-zero gradients; the two
+    # learning rates move the params ~1e-2 apart.
+    lrs = (1e-2, 3e-3)
+
+    def run(state, key, lr):
+      return _iteration(_train_config(lr))(state, key)
+
+    states = jax.tree.map(lambda *x: jnp.stack(x), *self.states)
+    got, gm = jax.jit(jax.vmap(run))(states, jnp.stack(self.keys),
+                                     jnp.asarray(lrs, jnp.float32))
+    separate = (self.one, jax.jit(_iteration(_train_config(lrs[1]))))
+    for i, lr in enumerate(lrs):
+      want, wm = separate[i](self.states[i], self.keys[i])
+      for g, w in zip(jax.tree.leaves(got.params), jax.tree.leaves(want.params)):
+        np.testing.assert_allclose(g[i], w, rtol=1e-5, atol=1e-6)
+      for k, v in wm.items():
+        np.testing.assert_allclose(gm[k][i], v, rtol=1e-4, atol=1e-6, err_msg=k)
+      np.testing.assert_allclose(gm["train/lr"][i], lr, rtol=1e-7)
+    moved = [np.max(np.abs(np.asarray(g[1] - g[0]))) for g in jax.tree.leaves(got.params)]
+    self.assertGreater(max(moved), 1e-3)
+
+  def test_errors(self):
+    with self.assertRaisesRegex(ValueError, "mode"):
+      jax.eval_shape(functools.partial(_iteration(_train_config()), filter_mode="top_half"),
+                     self.states[0], self.keys[0])
+    with self.assertRaisesRegex(ValueError, "num_keep"):
+      jax.eval_shape(functools.partial(_iteration(_train_config()), num_keep=N + 1),
+                     self.states[0], self.keys[0])
 
 
 if __name__ == "__main__":
