@@ -48,7 +48,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Each trajectory weighs the same in the loss (seq-mean-token-mean): with
   # token-mean, failed episodes (all turns played) outweigh solved ones
   # (fewer turns). 150 steps of 8 x 8 from SFT checkpoints at 0.41-0.42 on
-  # 512 levels: token-mean 0.416 -> 0.412, seq-mean-token-mean 0.412 -> 0.441.
+  # 512 levels (7-token replies, lr 3e-4): token-mean 0.416 -> 0.412,
+  # seq-mean-token-mean 0.412 -> 0.441.
   c.algorithm_kwargs = ml_collections.ConfigDict(
       {"kl_coef": 0.0, "advantage": "grpo", "aggregation": "seq-mean-token-mean"}
       if algorithm in ("starpo", "starpo_s")
@@ -86,8 +87,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # The uncertainty filter (top groups by in-group score std) is StarPO-S's;
   # the other objectives train on every group, as in RAGEN's comparison.
   starpo_s = algorithm == "starpo_s"
+  # lr: one Adam step moves a 0.28M policy a lot. From one SFT checkpoint
+  # (Sokoban, 0.361 on 512 levels), the first update at lr 3e-4 lowered the
+  # log-prob of the negative-advantage trajectories by ~3 nats (positives +0.2);
+  # at 1e-5 by ~0.1 (positives +0.1). 150 steps of 8 x 8: lr 3e-4 -> 0.283,
+  # 1e-4 -> 0.352, 3e-5 -> 0.369 (200 steps: 0.367). RL adds little at this
+  # budget (see issue 6); 3e-5 is the lr that does no harm.
   c.rl = ml_collections.ConfigDict(dict(
-      steps=150, learning_rate=3e-4, warmup_steps=10, decay="linear",
+      steps=150, learning_rate=3e-5, warmup_steps=10, decay="linear",
       critic_learning_rate=1e-3, critic="head", num_minibatches=1, ppo_epochs=1,
       filter_mode="top_fraction", filter_value=0.5 if starpo_s else 1.0,
       include_zero=not starpo_s,
