@@ -7,10 +7,11 @@ objective, and runs the stages: SFT, RL steps, evaluation, checkpoints.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,42 @@ def setup_compilation_cache(path: str | None = None) -> None:
       os.path.expanduser("~"), ".cache", "jagent", "jax")
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+# Jitted programs shared by the Experiments of one process whose configs
+# differ only where the program does not look (e.g. the seed: keys are
+# arguments), so that many runs of one config (experiments.sweep, its tests)
+# trace and compile each program once. Least recently used dropped past 16.
+_PROGRAMS: collections.OrderedDict = collections.OrderedDict()
+_MAX_PROGRAMS = 16
+# The config fields a rollout program depends on.
+ROLLOUT_FIELDS = ("env", "tokenizer", "model", "model_dir", "prompt", "rollout",
+                  "eval.num_groups")
+
+
+def shared_program(key: tuple, build: Callable[[], Any]) -> Any:
+  """The program cached under ``key`` (hashable), built by ``build()`` on a miss.
+
+  Holds the 16 most recently used programs of this process; ``key`` must
+  name everything the program closes over (e.g. :meth:`Experiment.signature`).
+  """
+  if key not in _PROGRAMS:
+    _PROGRAMS[key] = build()
+    while len(_PROGRAMS) > _MAX_PROGRAMS:
+      _PROGRAMS.popitem(last=False)
+  _PROGRAMS.move_to_end(key)
+  return _PROGRAMS[key]
+
+
+def _fields_json(config, fields) -> str:
+  """Sorted JSON of ``config``'s dotted ``fields``."""
+  out = {}
+  for f in fields:
+    node = config
+    for part in f.split("."):
+      node = node[part]
+    out[f] = node.to_dict() if hasattr(node, "to_dict") else node
+  return json.dumps(out, sort_keys=True, default=repr)
 
 
 def _bad(field: str, value: Any, why: str) -> ValueError:
@@ -138,8 +175,6 @@ class Experiment:
       raise _bad("rollout.max_tokens_per_turn", r.max_tokens_per_turn,
                  f"rollout.max_turns={r.max_turns} turns of it need {self.context_size} "
                  f"tokens of context; the model has {self.model_config.max_position} positions")
-    self._rollouts = {}
-    self._rl_jit = None
     kwargs = dict(c.algorithm_kwargs)
     if c.rl.filter_mode in ("top_fraction", "top_k"):
       # Compaction applies the filter; the objective's own filter keeps all.
@@ -166,16 +201,34 @@ class Experiment:
         temperature=r.temperature, ppo_epochs=rl.ppo_epochs, num_minibatches=rl.num_minibatches,
         old_logprobs=rl.old_logprobs)
     self.eval_keys = jax.random.split(jax.random.key(c.eval.seed), c.eval.num_levels)
+    self._signature = None
+
+  def signature(self, fields: tuple[str, ...] | None = None) -> str:
+    """JSON of the config's dotted ``fields`` (None: all but ``seed``).
+
+    A key for :func:`shared_program`: runs that agree on the fields a
+    program reads can share it.
+    """
+    if fields is not None:
+      return _fields_json(self.config, fields)
+    if self._signature is None:
+      unseeded = self.config.copy_and_resolve_references()
+      unseeded.seed = 0
+      self._signature = unseeded.to_json_best_effort(sort_keys=True)
+    return self._signature
 
   # ------------------------------------------------------------------ rollouts
   def rollout_fn(self, kind: str, temperature: float | None = None):
     """The jitted rollout: ``"train"``, ``"eval_temp"`` or ``"eval_greedy"``.
 
     ``temperature`` (eval kinds only) overrides ``config.eval.temperature``.
+    Shared by the Experiments of this process whose configs agree on the
+    fields the rollout reads (built and compiled once).
     """
     if kind == "train" or temperature is None:
       temperature = self.config.eval.temperature
-    if (kind, temperature) not in self._rollouts:
+
+    def build():
       rc = self.rollout_config
       if kind != "train":
         rc = rollout.RolloutConfig(
@@ -184,9 +237,9 @@ class Experiment:
             max_actions_per_traj=rc.max_actions_per_traj,
             temperature=temperature, greedy=kind == "eval_greedy",
             context_size=self.context_size)
-      self._rollouts[kind, temperature] = rollout.make_rollout(
-          self.text_env, self.model_config, rc, self.env_params)
-    return self._rollouts[kind, temperature]
+      return rollout.make_rollout(self.text_env, self.model_config, rc, self.env_params)
+
+    return shared_program(("rollout", self.signature(ROLLOUT_FIELDS), kind, temperature), build)
 
   def init_params(self):
     """Initial policy parameters (random, or the Hugging Face checkpoint)."""
@@ -299,10 +352,9 @@ class Experiment:
     whole iteration (rollout and update run in one program, so they are
     not timed apart).
     """
-    if self._rl_jit is None:
-      self._rl_jit = jax.jit(self.rl_iteration)
+    fn = shared_program(("rl_iteration", self.signature()), lambda: jax.jit(self.rl_iteration))
     t0 = time.perf_counter()
-    state, m = self._rl_jit(state, self.rl_key(step))
+    state, m = fn(state, self.rl_key(step))
     out = {k: float(v) for k, v in jax.device_get(m).items()}
     sec = time.perf_counter() - t0
     out["time/step_seconds"] = sec

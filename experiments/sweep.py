@@ -1,0 +1,428 @@
+r"""Many runs of one config as one vmapped program per stage (PureJaxRL style).
+
+    python -m experiments.sweep --config=experiments/configs/tiny.py:Bandit-v0,starpo_s \
+        --seeds=4 --workdir=/tmp/bandit_sweep
+    python -m experiments.sweep --config=experiments/configs/tiny.py:Bandit-v0,starpo_s \
+        --seeds=2 --sweep=rl.learning_rate=1e-4,3e-4,1e-3
+
+Run ``i`` of ``--seeds=N`` is the run of :mod:`experiments.train` with
+``config.seed + i``; ``--sweep=<field>=<v1>,<v2>,...`` adds the values of one
+float hyperparameter (every seed for every value: ``N x V`` runs). The runs
+share one program per stage, vmapped over a leading run axis of the
+TrainState and of the keys (as PureJaxRL's ``jax.jit(jax.vmap(train))(keys)``,
+https://github.com/luchris429/purejaxrl):
+
+1. SFT: ``sft.steps`` :func:`jagent.train.sft_step` updates (``lax.scan``) on
+   each run's own demonstrations and minibatch draws.
+2. RL: ``rl.steps`` :func:`jagent.train.rl_iteration` iterations (rollout ->
+   filter -> advantages -> updates) with each run's rollout keys.
+3. Evaluation after SFT and after RL on the fixed held-out levels, at
+   ``eval.temperature`` and (``eval.greedy``) greedily.
+
+Each run's keys, demonstrations and minibatches are those of
+:class:`experiments.common.Experiment` for its config. With
+``--batching=map`` (``lax.map`` over the runs inside the same programs) every
+run equals its separate run (:mod:`experiments.train`'s stages) bit for bit.
+With ``vmap`` (the default) the batched operations round differently (~1e-7),
+and training amplifies that: Adam's normalised first updates flip on
+near-zero gradients and the flipped parameters change later samples, so the
+runs follow the same distribution as the separate runs but not the same
+trajectory (measured on CPU: parameters 1e-6 to 3e-5 apart after one update,
+up to 0.1 after 40 SFT and 3 RL steps). Only hyperparameters that enter the
+program as values can be swept (:data:`SWEEPABLE`: the learning rates); one that changes shapes or
+static configuration (group counts, model, algorithm, ...) needs one program
+per value: run those separately (``experiments.compare --set``).
+
+Prints a table of per-run success and mean +- std (sample std over the seeds
+of each value) and writes ``<workdir>/sweep_summary.json``::
+
+  {"env": ..., "algorithm": ..., "field": "rl.learning_rate" | null, "batching": "vmap",
+   "runs": [{"seed": 0, "value": ..., "sft": {"success": ..., "greedy_success": ...,
+             ...}, "rl": {...}, "rl_train_success": ...}, ...],
+   "groups": [{"value": ..., "seeds": [...], "sft": {"success": {"mean": ..., "std": ...},
+               ...}, "rl": {...}}, ...],
+   "seconds": {"sft": ..., "rl": ..., "eval": ..., "total": ...}}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import common
+from jagent import transforms
+from jagent.train import _step
+
+# Config fields a sweep can vmap: they enter the program as float32 values.
+SWEEPABLE = ("rl.learning_rate", "rl.critic_learning_rate", "sft.learning_rate")
+# Evaluation figures kept per stage (the greedy ones when eval.greedy).
+EVAL_KEYS = ("success", "score", "format_valid_frac")
+
+
+def parse_sweep(spec: str | None, config) -> tuple[str | None, tuple[float, ...]]:
+  """Parses ``<field>=<v1>,<v2>,...`` into ``(field, values)``.
+
+  Args:
+    spec: the ``--sweep`` text, or None / ``""`` for no sweep.
+    config: the base config (to tell a missing field from a static one).
+
+  Returns:
+    ``(field, values)``; ``(None, (nan,))`` without a sweep.
+
+  Raises:
+    ValueError: naming the spec: no ``=`` or no value, a field the config
+      lacks, a field that cannot be vmapped (not in :data:`SWEEPABLE`), or a
+      value that is not a positive finite float.
+  """
+  if not spec:
+    return None, (math.nan,)
+  field, sep, text = spec.partition("=")
+  if not sep or not text.strip():
+    raise ValueError(f"--sweep={spec!r}: expected <field>=<v1>,<v2>,... "
+                     f"(e.g. rl.learning_rate=1e-4,3e-4)")
+  node = config
+  for part in field.split("."):
+    if not hasattr(node, "keys") or part not in node:
+      raise ValueError(f"--sweep={spec!r}: the config has no field {field!r}")
+    node = node[part]
+  if field not in SWEEPABLE:
+    raise ValueError(
+        f"--sweep={spec!r}: {field!r} cannot be vmapped: it changes shapes or static "
+        f"configuration, so each value is its own program (run them separately, e.g. "
+        f"experiments.compare --set); sweepable fields: {SWEEPABLE}")
+  values = []
+  for item in text.split(","):
+    try:
+      v = float(item)
+    except ValueError:
+      raise ValueError(f"--sweep={spec!r}: {item!r} is not a float") from None
+    if not (v > 0 and math.isfinite(v)):
+      raise ValueError(f"--sweep={spec!r}: {field} must be a positive finite float; "
+                       f"got {item!r}")
+    values.append(v)
+  return field, tuple(values)
+
+
+def _set(config, field: str, value: float) -> None:
+  *parents, name = field.split(".")
+  node = config
+  for p in parents:
+    node = node[p]
+  node[name] = value
+
+
+def run_configs(config, seeds: int = 1, sweep: str | None = None) -> tuple[str | None, list]:
+  """The configs of the runs: seeds ``config.seed + i`` for every swept value.
+
+  Args:
+    config: the base config (``experiments/configs/*.py``).
+    seeds: runs per value (an int >= 1).
+    sweep: ``<field>=<v1>,<v2>,...`` or None (see :func:`parse_sweep`).
+
+  Returns:
+    ``(field, [(seed, value, config), ...])``, value-major (``value`` NaN
+    without a sweep).
+
+  Raises:
+    ValueError: a bad ``seeds`` or ``sweep`` (see :func:`parse_sweep`), or a
+      bad config (:func:`experiments.common.validate`, naming the field), all
+      before anything compiles.
+  """
+  if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+    raise ValueError(f"--seeds={seeds!r}: must be an int >= 1")
+  field, values = parse_sweep(sweep, config)
+  out = []
+  for value in values:
+    for i in range(seeds):
+      c = config.copy_and_resolve_references()
+      c.seed = config.seed + i
+      if field is not None:
+        _set(c, field, value)
+      common.validate(c)
+      out.append((c.seed, value, c))
+  return field, out
+
+
+# ------------------------------------------------------------------ programs
+BATCHINGS = ("vmap", "map")
+
+
+def over_runs(fn, batching: str, in_axes: tuple[int | None, ...]):
+  """``fn`` over a leading run axis of the arguments whose ``in_axes`` is 0.
+
+  ``"vmap"``: ``jax.vmap`` (the runs in parallel, PureJaxRL style).
+  ``"map"``: ``jax.lax.map`` (the runs one after the other inside the same
+  program: each computes exactly as a separate run, whose unbatched
+  operations round the same way).
+
+  Raises:
+    ValueError: an unknown ``batching``.
+  """
+  if batching not in BATCHINGS:
+    raise ValueError(f"--batching={batching!r}: must be one of {BATCHINGS}")
+  if batching == "vmap":
+    return jax.vmap(fn, in_axes=in_axes)
+
+  def mapped(*args):
+    per_run = tuple(a for a, ax in zip(args, in_axes) if ax == 0)
+
+    def one(xs):
+      it = iter(xs)
+      return fn(*(next(it) if ax == 0 else a for a, ax in zip(args, in_axes)))
+
+    return jax.lax.map(one, per_run)
+
+  return mapped
+
+
+def stack_runs(trees):
+  """One pytree per run -> one pytree with a leading run axis R."""
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _with_lr(config, which: str, lr):
+  opt = getattr(config, which)
+  return config.replace(**{which: dataclasses.replace(opt, learning_rate=lr)})
+
+
+def sft_program(exp: common.Experiment, field: str | None, batching: str = "vmap"):
+  """The SFT stage of R runs as one program (``jit`` of :func:`over_runs`).
+
+  ``(states, tokens, masks, indices, values) -> (params, metrics)``.
+
+  Per run (leading axis R): an SFT TrainState, its demonstrations' tokens
+  and loss masks ``[D, S]``, its minibatch indices ``[steps, batch]`` and the
+  swept value (the SFT learning rate when ``field == "sft.learning_rate"``,
+  else unused). The metrics are :func:`jagent.train.sft_step`'s, ``[R, steps]``.
+  """
+  traced = field == "sft.learning_rate"
+
+  def one(state, tokens, mask, indices, value):
+    tc = exp.sft_train_config(value if traced else None)
+
+    def body(st, idx):
+      mb = transforms.Batch(tokens=tokens[idx], loss_mask=mask[idx])
+      return _step._sft_step(st, mb, config=tc)  # pylint: disable=protected-access
+
+    state, metrics = jax.lax.scan(body, state, indices)
+    return state.params, metrics
+
+  key = ("sweep_sft", exp.signature(("model", "model_dir", "sft")), traced, batching)
+  return common.shared_program(key, lambda: jax.jit(over_runs(one, batching, (0,) * 5)))
+
+
+def rl_program(exp: common.Experiment, field: str | None, batching: str = "vmap"):
+  """The RL stage of R runs as one program (``jit`` of :func:`over_runs`).
+
+  ``(states, keys, values) -> (states, metrics)``.
+
+  Per run (leading axis R): an RL TrainState, its rollout keys ``[steps]``
+  and the swept value (an RL learning rate when ``field`` is one, else
+  unused); ``lax.scan`` of :meth:`experiments.common.Experiment.rl_iteration`
+  over the keys. The metrics are ``jagent.train.rl_iteration``'s, ``[R, steps]``.
+  """
+  def one(state, keys, value):
+    cfg = exp.train_config
+    if field == "rl.learning_rate":
+      cfg = _with_lr(cfg, "actor_optimizer", value)
+    elif field == "rl.critic_learning_rate":
+      cfg = _with_lr(cfg, "critic_optimizer", value)
+    return jax.lax.scan(lambda st, key: exp.rl_iteration(st, key, config=cfg), state, keys)
+
+  return common.shared_program(("sweep_rl", exp.signature(), field, batching),
+                               lambda: jax.jit(over_runs(one, batching, (0, 0, 0))))
+
+
+def eval_program(exp: common.Experiment, greedy: bool = False, batching: str = "vmap"):
+  """The evaluation of R runs as one program (``jit`` of :func:`over_runs`).
+
+  ``(params, keys, reset_keys) -> {metric: [R]}``.
+
+  Each run's :meth:`experiments.common.Experiment.evaluate` in one program:
+  the fixed levels ``reset_keys`` ``[C, eval.num_groups]`` (shared by the
+  runs) in ``C`` chunks (``lax.map``), chunk ``i`` sampled with
+  ``fold_in(key, i)``, metrics averaged over chunks.
+  """
+  fn = exp.rollout_fn("eval_greedy" if greedy else "eval_temp")
+
+  def one(params, key, chunks):
+    def chunk(args):
+      i, reset_keys = args
+      return fn(params, jax.random.fold_in(key, i), reset_keys).metrics()
+
+    m = jax.lax.map(chunk, (jnp.arange(chunks.shape[0]), chunks))
+    return {k: jnp.mean(v) for k, v in m.items()}
+
+  key = ("sweep_eval", exp.signature(common.ROLLOUT_FIELDS), greedy,
+         exp.config.eval.temperature, batching)
+  return common.shared_program(key, lambda: jax.jit(over_runs(one, batching, (0, 0, None))))
+
+
+# ---------------------------------------------------------------------- sweep
+def _evaluate(exp, params, keys, batching) -> list[dict]:
+  """Per run: the :data:`EVAL_KEYS` figures (and ``greedy_*``)."""
+  chunks = exp.eval_keys.reshape(-1, exp.config.eval.num_groups)
+  m = jax.device_get(eval_program(exp, False, batching)(params, keys, chunks))
+  out = [{k: float(m[k][i]) for k in EVAL_KEYS} for i in range(len(keys))]
+  if exp.config.eval.greedy:
+    g = jax.device_get(eval_program(exp, True, batching)(params, keys, chunks))
+    for i, o in enumerate(out):
+      o.update({f"greedy_{k}": float(g[k][i]) for k in EVAL_KEYS})
+  return out
+
+
+def _mean_std(xs) -> dict:
+  xs = np.asarray(xs, np.float64)
+  return {"mean": float(np.mean(xs)), "std": float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0}
+
+
+def sweep(config, workdir: str | None = None, *, seeds: int = 1,
+          sweep_spec: str | None = None, batching: str = "vmap") -> dict:
+  """Runs the sweep (see the module docstring); returns the summary.
+
+  Args:
+    config: the base config.
+    workdir: where ``sweep_summary.json`` goes (None: nowhere).
+    seeds: runs per value (seeds ``config.seed + i``).
+    sweep_spec: ``<field>=<v1>,<v2>,...`` (see :func:`parse_sweep`) or None.
+    batching: ``"vmap"`` or ``"map"`` (see :func:`over_runs`).
+
+  Returns:
+    The summary dict (module docstring), plus ``"params"``: the final
+    policy parameters with a leading run axis (not written to the JSON).
+
+  Raises:
+    ValueError: a bad ``seeds``, ``sweep_spec``, ``batching`` or config,
+      before anything compiles.
+  """
+  t_start = time.perf_counter()
+  if batching not in BATCHINGS:
+    raise ValueError(f"--batching={batching!r}: must be one of {BATCHINGS}")
+  field, runs = run_configs(config, seeds, sweep_spec)
+  exps = [common.Experiment(c) for _, _, c in runs]
+  exp = exps[0]
+  c = exp.config
+  values = jnp.asarray([0.0 if field is None else v for _, v, _ in runs], jnp.float32)
+  seconds = {}
+
+  # ---- SFT.
+  t0 = time.perf_counter()
+  params = [e.init_params() for e in exps]
+  if c.sft.steps:
+    batches = [e.demonstrations().to_batch() for e in exps]
+    states = stack_runs([e.sft_state(p) for e, p in zip(exps, params)])
+    indices = jnp.asarray(np.stack([e.sft_batch_indices(b.tokens.shape[0])
+                                    for e, b in zip(exps, batches)]))
+    params, _ = sft_program(exp, field, batching)(
+        states, jnp.stack([b.tokens for b in batches]),
+        jnp.stack([b.loss_mask for b in batches]), indices, values)
+  else:
+    params = stack_runs(params)
+  params = jax.block_until_ready(params)
+  seconds["sft"] = time.perf_counter() - t0
+
+  t0 = time.perf_counter()
+  eval_keys = jnp.stack([e.eval_key() for e in exps])
+  sft_eval = _evaluate(exp, params, eval_keys, batching)
+  seconds["eval"] = time.perf_counter() - t0
+
+  # ---- RL.
+  t0 = time.perf_counter()
+  run_params = [jax.tree.map(lambda x, i=i: x[i], params) for i in range(len(exps))]
+  states = stack_runs([e.rl_state(p) for e, p in zip(exps, run_params)])
+  train_success = [math.nan] * len(exps)
+  if c.rl.steps:
+    keys = jnp.stack([jnp.stack([e.rl_key(s) for s in range(c.rl.steps)]) for e in exps])
+    states, metrics = rl_program(exp, field, batching)(states, keys, values)
+    train_success = [float(x) for x in np.asarray(metrics["rollout/success"])[:, -1]]
+  params = jax.block_until_ready(states.params)
+  seconds["rl"] = time.perf_counter() - t0
+
+  t0 = time.perf_counter()
+  rl_eval = _evaluate(exp, params, eval_keys, batching)
+  seconds["eval"] += time.perf_counter() - t0
+  seconds["total"] = time.perf_counter() - t_start
+
+  out_runs = [{"seed": seed, "value": None if field is None else value, "sft": s, "rl": r,
+               "rl_train_success": t}
+              for (seed, value, _), s, r, t in zip(runs, sft_eval, rl_eval, train_success)]
+  groups = []
+  for value in dict.fromkeys(r["value"] for r in out_runs):
+    members = [r for r in out_runs if r["value"] == value]
+    groups.append({"value": value, "seeds": [r["seed"] for r in members],
+                   **{stage: {k: _mean_std([r[stage][k] for r in members])
+                              for k in members[0][stage]} for stage in ("sft", "rl")}})
+  summary = {"env": c.env, "algorithm": c.algorithm, "field": field, "batching": batching,
+             "runs": out_runs,
+             "groups": groups, "seconds": {k: round(v, 2) for k, v in seconds.items()}}
+  if workdir:
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "sweep_summary.json"), "w") as f:
+      json.dump(summary, f, indent=2)
+  return {**summary, "params": params}
+
+
+def table(summary: dict) -> str:
+  """Markdown table of a :func:`sweep` summary: every run, then mean +- std per value."""
+  field = summary["field"]
+  greedy = "greedy_success" in summary["runs"][0]["sft"]
+  cols = ["SFT success"] + (["SFT greedy"] if greedy else []) + ["RL success"] + (
+      ["RL greedy"] if greedy else [])
+  keys = [("sft", "success")] + ([("sft", "greedy_success")] if greedy else []) + [
+      ("rl", "success")] + ([("rl", "greedy_success")] if greedy else [])
+  head = ["run", "seed"] + ([field] if field else []) + cols
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for i, r in enumerate(summary["runs"]):
+    lines.append("| " + " | ".join(
+        [str(i), str(r["seed"])] + ([f"{r['value']:g}"] if field else [])
+        + [f"{r[s][k]:.3f}" for s, k in keys]) + " |")
+  for g in summary["groups"]:
+    lines.append("| " + " | ".join(
+        ["mean ± std", f"{len(g['seeds'])} seeds"] + ([f"{g['value']:g}"] if field else [])
+        + [f"{g[s][k]['mean']:.3f} ± {g[s][k]['std']:.3f}" for s, k in keys]) + " |")
+  return "\n".join(lines)
+
+
+def _define_flags():
+  """Defines this program's flags (only when run as a program: importing the
+  module must not clash with other modules' flags, e.g. experiments.train's
+  ``--config`` and ``--workdir``)."""
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config_flags.DEFINE_config_file(
+      "config", str(pathlib.Path(__file__).parent / "configs" / "tiny.py"),
+      "An ml_collections config file (experiments/configs/*.py[:arg]).")
+  flags.DEFINE_string(
+      "workdir", os.path.join(os.path.expanduser("~"), "jagent_runs", "sweep"),
+      "Output directory (sweep_summary.json).")
+  flags.DEFINE_integer("seeds", 4, "Runs per value: seeds config.seed + 0 .. seeds - 1.")
+  flags.DEFINE_string("sweep", None, "<field>=<v1>,<v2>,...: one float hyperparameter's "
+                      f"values (fields: {', '.join(SWEEPABLE)}).")
+  flags.DEFINE_enum("batching", "vmap", BATCHINGS,
+                    "vmap: the runs in parallel; map: one after the other in the same program "
+                    "(each equals its separate run exactly).")
+
+
+def main(argv):
+  del argv
+  fl = flags.FLAGS
+  common.setup_compilation_cache()
+  summary = sweep(fl.config, fl.workdir, seeds=fl.seeds, sweep_spec=fl.sweep,
+                  batching=fl.batching)
+  print(table(summary))
+  print(f"seconds: {summary['seconds']}; summary: "
+        f"{os.path.join(fl.workdir, 'sweep_summary.json')}")
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main)
