@@ -2,11 +2,10 @@
 
 The evidence: a sweep of 4 seeds equals 4 separate runs (the stages of
 ``experiments.train`` through :class:`experiments.common.Experiment`: its
-SFT loop, ``rl_step`` and ``evaluate``), and a sweep of 2 learning rates
-equals 2 separate runs. With ``batching="map"`` they are equal bit for bit;
-with ``batching="vmap"`` (parallel runs) the batched matmuls round
-differently, so one update of each stage is compared to float tolerance and
-the evaluation's success figures exactly.
+SFT loop, ``rl_step`` and ``evaluate``), bit for bit with
+``batching="map"``. The vmapped RL iteration with traced learning rates
+equals separate runs in tests/jagent/train/rl_test.py (with ``vmap`` the
+batched matmuls round differently, so to float tolerance).
 """
 
 import json
@@ -17,17 +16,14 @@ from unittest import mock
 
 from absl.testing import absltest
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from experiments import common
 from experiments import sweep
 from experiments.configs import tiny
-from jagent import train
-from jagent import transforms
 
 _SEEDS = 4
-_RL_LR, _OTHER_LR = 2e-3, 5e-3
+_RL_LR = 2e-3
 
 
 def _config():
@@ -122,8 +118,10 @@ class SweepTest(absltest.TestCase):
     # Not all runs alike: the seeds matter.
     leaves = jax.tree.leaves(self.summary["params"])
     self.assertFalse(np.array_equal(leaves[0][0], leaves[0][1]))
+    # One test method, so that pytest-xdist runs the class's setup once.
+    self.check_summary_json_and_table()
 
-  def test_summary_json_and_table(self):
+  def check_summary_json_and_table(self):
     with open(os.path.join(self.root, "sweep_summary.json")) as f:
       written = json.load(f)
     self.assertEqual(written, {k: v for k, v in self.summary.items() if k != "params"})
@@ -142,60 +140,10 @@ class SweepTest(absltest.TestCase):
     self.assertIn(f"{group['rl']['success']['mean']:.3f} ± {group['rl']['success']['std']:.3f}",
                   text)
 
-  def test_learning_rate_sweep_equals_separate_runs(self):
-    got = sweep.sweep(_config(), None, sweep_spec=f"rl.learning_rate={_RL_LR},{_OTHER_LR}",
-                      batching="map")
-    self.assertEqual(got["field"], "rl.learning_rate")
-    self.assertEqual([(r["seed"], r["value"]) for r in got["runs"]],
-                     [(0, _RL_LR), (0, _OTHER_LR)])
-    other = _config()
-    other.rl.learning_rate = _OTHER_LR
-    for i, (figures, _, params) in enumerate([self.separate[0], _separate_run(other)]):
-      with self.subTest(run=i):
-        _assert_params_close(jax.tree.map(lambda x, i=i: x[i], got["params"]), params,
-                             rtol=1e-5, atol=0)
-        for stage in ("sft", "rl"):
-          _assert_figures_equal(self, got["runs"][i][stage], figures[stage])
-    # Same SFT, then the two learning rates part.
-    leaves = jax.tree.leaves(got["params"])
-    self.assertGreater(max(float(jnp.max(jnp.abs(x[0] - x[1]))) for x in leaves), 1e-4)
-    self.assertEqual([g["value"] for g in got["groups"]], [_RL_LR, _OTHER_LR])
 
-  def test_vmapped_stages_equal_separate_runs_to_rounding(self):
-    # One update of each stage and the evaluation, vmapped over the 4 runs.
-    exps = [common.Experiment(c) for _, _, c in sweep.run_configs(_config(), _SEEDS)[1]]
-    exp = exps[0]
-    zeros = jnp.zeros((_SEEDS,), jnp.float32)
-    # SFT: the first update from the initial params.
-    batches = [e.demonstrations().to_batch() for e in exps]
-    states = [e.sft_state(e.init_params()) for e in exps]
-    idx = [e.sft_batch_indices(b.tokens.shape[0])[:1] for e, b in zip(exps, batches)]
-    got, _ = sweep.sft_program(exp, None, "vmap")(
-        sweep.stack_runs(states), jnp.stack([b.tokens for b in batches]),
-        jnp.stack([b.loss_mask for b in batches]), jnp.asarray(np.stack(idx)), zeros)
-    for i, (state, b, ix) in enumerate(zip(states, batches, idx)):
-      mb = transforms.Batch(tokens=b.tokens[ix[0]], loss_mask=b.loss_mask[ix[0]])
-      want, _ = train.sft_step(state, mb, config=exp.sft_train_config())
-      # Adam's first update is lr * g / (|g| + eps): ~lr per entry, and
-      # rounding moves it on entries with |g| ~ eps (lr = 1.5e-2 here).
-      _assert_params_close(jax.tree.map(lambda x, i=i: x[i], got), want.params,
-                           rtol=1e-5, atol=1e-4)
-    # RL: the first iteration from the SFT params of the separate runs.
-    states = [e.rl_state(sft) for e, (_, sft, _) in zip(exps, self.separate)]
-    keys = jnp.stack([jnp.stack([e.rl_key(0)]) for e in exps])
-    got, metrics = sweep.rl_program(exp, None, "vmap")(sweep.stack_runs(states), keys, zeros)
-    for i, (e, state) in enumerate(zip(exps, states)):
-      want, m = e.rl_step(state, 0)
-      _assert_params_close(jax.tree.map(lambda x, i=i: x[i], got.params), want.params,
-                           rtol=1e-5, atol=1e-5)
-      self.assertEqual(float(metrics["rollout/success"][i, 0]), m["rollout/success"])
-    # Evaluation of the final params (at the temperature): the same figures.
-    chunks = exp.eval_keys.reshape(-1, exp.config.eval.num_groups)
-    figures = sweep.eval_program(exp, False, "vmap")(
-        self.summary["params"], jnp.stack([e.eval_key() for e in exps]), chunks)
-    for i, run in enumerate(self.summary["runs"]):
-      self.assertEqual(float(figures["success"][i]), run["rl"]["success"], i)
-      self.assertAlmostEqual(float(figures["score"][i]), run["rl"]["score"], places=5, msg=i)
+
+class SweepSpecTest(absltest.TestCase):
+  """Bad specs (no runs needed: nothing may compile)."""
 
   def test_bad_specs_fail_before_anything_compiles(self):
     cases = [
