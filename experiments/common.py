@@ -225,7 +225,9 @@ class Experiment:
     Shared by the Experiments of this process whose configs agree on the
     fields the rollout reads (built and compiled once).
     """
-    if kind == "train" or temperature is None:
+    if kind == "train":
+      temperature = None  # the train rollout samples at rollout.temperature
+    elif temperature is None:
       temperature = self.config.eval.temperature
 
     def build():

@@ -28,22 +28,6 @@ from jagent.train import _state
 from jagent.train import _step
 
 
-def _distinct_buffers(tree, shardings):
-  """Copies leaves whose buffer an earlier leaf already holds: a donated
-  buffer may appear only once, and ``init_train_state`` shares one zero
-  scalar between its counters (``device_put`` keeps them one buffer)."""
-  seen = set()
-
-  def once(x, s):
-    ptr = x.addressable_shards[0].data.unsafe_buffer_pointer()
-    if ptr in seen:
-      return jax.device_put(x, s, may_alias=False)
-    seen.add(ptr)
-    return x
-
-  return jax.tree.map(once, tree, shardings)
-
-
 def shard_train_step(objective: transforms.Objective, config: _state.TrainConfig,
                      mesh: jax.sharding.Mesh, state_shardings: _state.TrainState
                      ) -> Callable[[_state.TrainState, transforms.Batch],
@@ -99,7 +83,7 @@ def shard_train_step(objective: transforms.Objective, config: _state.TrainConfig
     if key not in compiled:
       compiled[key] = jax.jit(step, in_shardings=(state_shardings, batch_shardings),
                               out_shardings=(state_shardings, rep), donate_argnums=0)
-    state = _distinct_buffers(jax.device_put(state, state_shardings), state_shardings)
+    state = jax.device_put(state, state_shardings)
     batch = jax.device_put(batch, batch_shardings)
     return compiled[key](state, batch)
 
