@@ -47,7 +47,8 @@ class TransformerTest(chex.TestCase):
     cache = models.init_cache(CFG, B, S)
     for x, a in zip(jax.tree.leaves(cache), jax.tree.leaves(models.cache_axes(CFG))):
       self.assertLen(a, x.ndim)
-    chex.assert_shape(cache.k[0], (B, CFG.num_kv_heads, S, CFG.head_dim))
+    chex.assert_shape(cache.k[0], (B, CFG.num_kv_heads, CFG.head_dim, S))
+    chex.assert_shape(cache.v[0], (B, CFG.num_kv_heads, S, CFG.head_dim))
     chex.assert_shape(self.full, (B, T, CFG.vocab_size))
 
   def test_untied_qkv_biasless_variant(self):
