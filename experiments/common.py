@@ -3,6 +3,17 @@
 An :class:`Experiment` validates a config (every bad field named before
 anything compiles), builds the game, tokenizer, model, rollouts and
 objective, and runs the stages: SFT, RL steps, evaluation, checkpoints.
+
+``config.mesh`` (``""``: one device) spreads a run over a device mesh
+(``jagent.sharding.make_mesh``, e.g. ``"data:8"`` or
+``"data:2,fsdp:2,tensor:2"``): the TrainStates live on
+``jagent.sharding.train_state_shardings``, the SFT step, the RL iteration and
+the evaluation rollouts run jitted with explicit in/out shardings (rows over
+``data x fsdp``), and checkpoints restore onto those shardings. The mesh may
+span processes (``jax.distributed.initialize`` first, see
+``experiments/train.py``): every process then runs the same program on the
+same config, and only process 0 writes files other than checkpoints
+(:attr:`Experiment.is_primary`).
 """
 
 from __future__ import annotations
@@ -14,12 +25,14 @@ import time
 from typing import Any, Callable
 
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
 import envs_jax
 from jagent import models
 from jagent import rollout
+from jagent import sharding
 from jagent import tokenizers
 from jagent import train
 from jagent import transforms
@@ -76,8 +89,12 @@ def _bad(field: str, value: Any, why: str) -> ValueError:
   return ValueError(f"config.{field}={value!r}: {why}")
 
 
-def validate(config) -> None:
-  """Checks a train/eval config; raises ValueError naming the first bad field."""
+def validate(config, num_devices: int | None = None) -> None:
+  """Checks a train/eval config; raises ValueError naming the first bad field.
+
+  ``num_devices`` is the device count ``config.mesh`` must use (default
+  ``jax.device_count()``: every process's devices).
+  """
   if config.env not in envs_jax.registered():
     raise _bad("env", config.env, f"not a registered environment; known: "
                f"{sorted(envs_jax.registered())}")
@@ -135,18 +152,56 @@ def validate(config) -> None:
   if config.eval.num_levels % config.eval.num_groups:
     raise _bad("eval.num_levels", config.eval.num_levels,
                f"must be a multiple of eval.num_groups={config.eval.num_groups}")
+  _validate_mesh(config, num_devices)
+
+
+def _validate_mesh(config, num_devices: int | None) -> None:
+  """``config.mesh`` against the device count and the rows it must split.
+
+  Without ``num_devices`` reads ``jax.device_count()`` (all processes'
+  devices), so in a multi-process run call it after
+  ``jax.distributed.initialize``.
+  """
+  spec = config.get("mesh", "")  # absent in runs saved before the field
+  if not spec:
+    return
+  n_dev = jax.device_count() if num_devices is None else num_devices
+  try:
+    data, fsdp, _ = sharding.parse_mesh_spec(spec, n_dev)
+  except ValueError as e:
+    raise _bad("mesh", spec, f"{e} (the mesh must use {n_dev} devices; jax sees "
+               f"{jax.device_count()} in {jax.process_count()} process(es))") from None
+  n = data * fsdp
+  r = config.rollout
+  rows = [("rollout.num_groups x rollout.group_size", r.num_groups * r.group_size),
+          ("eval.num_groups", config.eval.num_groups)]
+  if config.sft.steps:
+    rows.append(("sft.batch_size", config.sft.batch_size))
+  for name, b in rows:
+    if b % n:
+      raise _bad("mesh", spec, f"splits batch rows data x fsdp = {n} ways, which does not "
+                 f"divide the {b} rows of {name}")
 
 
 class Experiment:
   """A configured run (see the module docstring).
 
+  Args:
+    config: the run's config (``experiments/configs/*.py``).
+    devices: the devices of ``config.mesh`` (default ``jax.devices()``,
+      every process's); ignored without a mesh. E.g. the first N of 8 for a
+      scaling benchmark in one process.
+
   Raises:
-    ValueError: from :func:`validate`, or when the context cannot hold a
-      turn (``rollout.max_tokens_per_turn`` etc.).
+    ValueError: from :func:`validate` (a bad ``config.mesh``, or one that
+      does not use exactly ``devices`` or does not divide the batch rows,
+      named as ``config.mesh``), or when the context cannot hold a turn
+      (``rollout.max_tokens_per_turn`` etc.); all before anything compiles.
   """
 
-  def __init__(self, config):
-    validate(config)
+  def __init__(self, config, devices=None):
+    devices = None if devices is None else list(devices)
+    validate(config, None if devices is None else len(devices))
     self.config = c = config
     # "tiny": the shipped sentencepiece model; "": the model directory's
     # tokenizer.json; else a directory holding a tokenizer.json.
@@ -202,6 +257,44 @@ class Experiment:
         old_logprobs=rl.old_logprobs)
     self.eval_keys = jax.random.split(jax.random.key(c.eval.seed), c.eval.num_levels)
     self._signature = None
+    # config.mesh (validated above): None runs on the default device as before.
+    spec = c.get("mesh", "")
+    self.mesh = sharding.make_mesh(spec, devices) if spec else None
+    # Sharded programs are shared only by Experiments on the same devices.
+    self._devices_key = None if self.mesh is None else (
+        tuple(self.mesh.shape.values()), tuple(d.id for d in self.mesh.devices.flat))
+
+  @property
+  def is_primary(self) -> bool:
+    """Whether this process writes the run's files (process 0; checkpoints: all)."""
+    return jax.process_index() == 0
+
+  # ---------------------------------------------------------------- sharding
+  def param_shardings(self):
+    """The policy's NamedShardings on :attr:`mesh` (``Params`` structure)."""
+    abstract = jax.eval_shape(lambda k: models.init(self.model_config, k), jax.random.key(0))
+    return sharding.param_shardings(abstract, self.mesh)
+
+  def _placed_state(self, make: Callable[[Any], train.TrainState], params):
+    """``make(params)`` as one program whose outputs sit on their mesh shardings.
+
+    Under ``jit`` (not eagerly) so that no leaf stays on one process's device
+    (orbax refuses to save such arrays in a multi-process run, STACK.md).
+    """
+    shardings = sharding.train_state_shardings(jax.eval_shape(make, params), self.mesh)
+    # Waits: a multi-process CPU run must not overlap two programs with
+    # collectives (see _eval_program), e.g. this and a checkpoint's barrier.
+    return jax.block_until_ready(jax.jit(make, out_shardings=shardings)(params))
+
+  def state_shardings(self, state) -> train.TrainState:
+    """``jagent.sharding.train_state_shardings`` of ``state`` on :attr:`mesh`."""
+    return sharding.train_state_shardings(state, self.mesh)
+
+  def to_host(self, tree):
+    """``tree`` as numpy arrays on every process (gathered across processes on a mesh)."""
+    if self.mesh is None:
+      return jax.device_get(tree)
+    return multihost_utils.process_allgather(tree, tiled=True)
 
   def signature(self, fields: tuple[str, ...] | None = None) -> str:
     """JSON of the config's dotted ``fields`` (None: all but ``seed``).
@@ -218,12 +311,26 @@ class Experiment:
     return self._signature
 
   # ------------------------------------------------------------------ rollouts
+  def _rollout_config(self, kind: str, temperature: float | None) -> rollout.RolloutConfig:
+    rc = self.rollout_config
+    if kind == "train":
+      return rc
+    return rollout.RolloutConfig(
+        num_groups=self.config.eval.num_groups, group_size=1, max_turns=rc.max_turns,
+        max_tokens_per_turn=rc.max_tokens_per_turn,
+        max_actions_per_traj=rc.max_actions_per_traj,
+        temperature=temperature, greedy=kind == "eval_greedy",
+        context_size=self.context_size)
+
   def rollout_fn(self, kind: str, temperature: float | None = None):
     """The jitted rollout: ``"train"``, ``"eval_temp"`` or ``"eval_greedy"``.
 
     ``temperature`` (eval kinds only) overrides ``config.eval.temperature``.
     Shared by the Experiments of this process whose configs agree on the
-    fields the rollout reads (built and compiled once).
+    fields the rollout reads (built and compiled once). Always the
+    single-program ``jagent.rollout.make_rollout`` (vmappable, nestable in
+    other programs), whatever ``config.mesh``; :meth:`evaluate` and
+    :meth:`rl_step` run it on the mesh.
     """
     if kind == "train":
       temperature = None  # the train rollout samples at rollout.temperature
@@ -231,24 +338,80 @@ class Experiment:
       temperature = self.config.eval.temperature
 
     def build():
-      rc = self.rollout_config
-      if kind != "train":
-        rc = rollout.RolloutConfig(
-            num_groups=self.config.eval.num_groups, group_size=1, max_turns=rc.max_turns,
-            max_tokens_per_turn=rc.max_tokens_per_turn,
-            max_actions_per_traj=rc.max_actions_per_traj,
-            temperature=temperature, greedy=kind == "eval_greedy",
-            context_size=self.context_size)
-      return rollout.make_rollout(self.text_env, self.model_config, rc, self.env_params)
+      return rollout.make_rollout(self.text_env, self.model_config,
+                                  self._rollout_config(kind, temperature), self.env_params)
 
     return shared_program(("rollout", self.signature(ROLLOUT_FIELDS), kind, temperature), build)
 
-  def init_params(self):
-    """Initial policy parameters (random, or the Hugging Face checkpoint)."""
+  def _eval_program(self, kind: str, temperature: float):
+    """On a mesh: ``(params, key, reset_keys) -> (Trajectory, metrics)`` as one program.
+
+    The rollout of :meth:`rollout_fn` with parameters on their mesh
+    shardings, rows over ``data x fsdp`` and ``Trajectory.metrics()``
+    computed in the same program (replicated). Eager jnp reductions on
+    arrays spanning processes would each be a separate collective program,
+    dispatched asynchronously; on CPU (gloo) two processes then deadlocked
+    (measured with jax 0.10.2), so nothing is reduced eagerly.
+    """
+    def build():
+      fn = rollout.make_rollout(self.text_env, self.model_config,
+                                self._rollout_config(kind, temperature), self.env_params)
+      params_sh = self.param_shardings()
+      abstract = jax.eval_shape(lambda k: models.init(self.model_config, k), jax.random.key(0))
+      n = self.config.eval.num_groups
+      out = jax.eval_shape(fn, abstract, jax.random.key(0), self.eval_keys[:n])
+      rep = sharding.replicated(self.mesh)
+
+      def program(params, key, reset_keys):
+        traj = fn(params, key, reset_keys)
+        return traj, traj.metrics()
+
+      return jax.jit(program, in_shardings=(params_sh, rep, rep),
+                     out_shardings=(sharding.rows_shardings(out, self.mesh), rep))
+
+    return shared_program(("eval_program", self.signature(ROLLOUT_FIELDS), kind, temperature,
+                           self._devices_key), build)
+
+  def _evaluate(self, params, kind: str, temperature: float | None = None):
+    """``(metrics, first chunk's Trajectory)`` on the held-out levels.
+
+    ``jagent.train`` evaluate (``_rl.evaluate``) without a mesh; on a mesh
+    the same chunks, keys and averages with :meth:`_eval_program`.
+    """
     c = self.config
+    if self.mesh is None:
+      return _rl.evaluate(self.rollout_fn(kind, temperature), params, self.eval_keys,
+                          self.eval_key(), c.eval.num_groups)
+    if temperature is None:
+      temperature = c.eval.temperature
+    program = self._eval_program(kind, temperature)
+    n = c.eval.num_groups
+    chunks = self.eval_keys.shape[0] // n
+    sums: dict[str, float] = {}
+    first = None
+    for i in range(chunks):
+      traj, m = program(params, jax.random.fold_in(self.eval_key(), i),
+                        self.eval_keys[i * n:(i + 1) * n])
+      first = traj if first is None else first
+      for k, v in jax.device_get(m).items():  # waits: one program at a time
+        sums[k] = sums.get(k, 0.0) + float(v)
+    return {k: v / chunks for k, v in sums.items()}, first
+
+  def init_params(self):
+    """Initial policy parameters (random, or the Hugging Face checkpoint).
+
+    On a mesh each array is created (or loaded) straight onto its sharding.
+    """
+    c = self.config
+    if self.mesh is None:
+      if c.model_dir:
+        return models.load_hf_checkpoint(c.model_dir)[0]
+      return models.init(self.model_config, jax.random.key(c.seed))
+    shardings = self.param_shardings()
     if c.model_dir:
-      return models.load_hf_checkpoint(c.model_dir)[1]
-    return models.init(self.model_config, jax.random.key(c.seed))
+      return models.load_hf_checkpoint(c.model_dir, shardings=shardings)[0]
+    return jax.block_until_ready(jax.jit(lambda k: models.init(self.model_config, k),
+                                         out_shardings=shardings)(jax.random.key(c.seed)))
 
   # ----------------------------------------------------------------------- SFT
   def demonstrations(self):
@@ -290,9 +453,12 @@ class Experiment:
                            c.sft.steps, c.sft.batch_size)
 
   def sft_state(self, params, config: train.TrainConfig | None = None) -> train.TrainState:
-    """The SFT TrainState starting from ``params``."""
-    return train.init_train_state(params, jax.random.key(self.config.seed),
-                                  config=config or self.sft_train_config())
+    """The SFT TrainState starting from ``params`` (on a mesh: on its shardings)."""
+    def make(p):
+      return train.init_train_state(p, jax.random.key(self.config.seed),
+                                    config=config or self.sft_train_config())
+
+    return make(params) if self.mesh is None else self._placed_state(make, params)
 
   def sft(self, writer, *, progress: bool = True):
     """Behaviour cloning on :meth:`demonstrations`; returns the params."""
@@ -307,10 +473,21 @@ class Experiment:
     state = self.sft_state(params, tc)
     indices = self.sft_batch_indices(demos.tokens.shape[0])
     success = float(np.mean(demos.success))
+    if self.mesh is not None:
+      step_fn = shared_program(
+          ("sft_step", self.signature(("model", "model_dir", "sft")), self._devices_key),
+          lambda: sharding.shard_sft_step(tc, self.mesh, self.state_shardings(state)))
+      tokens, loss_mask = np.asarray(batch_all.tokens), np.asarray(batch_all.loss_mask)
     for step in tqdm.trange(c.sft.steps, disable=not progress, desc="SFT"):
-      idx = jnp.asarray(indices[step])
-      mb = transforms.Batch(tokens=batch_all.tokens[idx], loss_mask=batch_all.loss_mask[idx])
-      state, m = train.sft_step(state, mb, config=tc)
+      if self.mesh is None:
+        idx = jnp.asarray(indices[step])
+        mb = transforms.Batch(tokens=batch_all.tokens[idx], loss_mask=batch_all.loss_mask[idx])
+        state, m = train.sft_step(state, mb, config=tc)
+      else:  # every process holds the demonstrations; each places its rows
+        idx = indices[step]
+        mb = sharding.global_rows(
+            transforms.Batch(tokens=tokens[idx], loss_mask=loss_mask[idx]), self.mesh)
+        state, m = step_fn(state, mb)
       if (step + 1) % 50 == 0 or step + 1 == c.sft.steps:
         writer.write(-c.sft.steps + step + 1, {
             **{k: float(v) for k, v in m.items()}, "sft/demo_success": success})
@@ -320,10 +497,30 @@ class Experiment:
   def rl_state(self, params) -> train.TrainState:
     """The RL TrainState starting from ``params`` (critic/reference as needed)."""
     c = self.config
-    return train.init_train_state(
-        params, jax.random.key(c.seed + 1), config=self.train_config,
-        critic=c.rl.critic if self.needs.critic else None, reference=self.needs.reference,
-        objective=self.objective)
+
+    def make(p):
+      return train.init_train_state(
+          p, jax.random.key(c.seed + 1), config=self.train_config,
+          critic=c.rl.critic if self.needs.critic else None, reference=self.needs.reference,
+          objective=self.objective)
+
+    return make(params) if self.mesh is None else self._placed_state(make, params)
+
+  def rl_state_target(self):
+    """A restore target of the RL TrainState (``Checkpointer.restore``).
+
+    On a mesh: ``jax.ShapeDtypeStruct`` leaves carrying the mesh shardings
+    (nothing is allocated or loaded; a checkpoint written on any mesh, or
+    on one device, restores onto this run's). Without one: a fresh state
+    (today's behaviour).
+    """
+    if self.mesh is None:
+      return self.rl_state(self.init_params())
+    abstract = jax.eval_shape(
+        lambda k: self.rl_state(models.init(self.model_config, k)), jax.random.key(0))
+    shardings = self.state_shardings(abstract)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        abstract, shardings)
 
   def rl_key(self, step: int) -> jax.Array:
     """The rollout key of RL step ``step`` (0-based)."""
@@ -354,7 +551,20 @@ class Experiment:
     whole iteration (rollout and update run in one program, so they are
     not timed apart).
     """
-    fn = shared_program(("rl_iteration", self.signature()), lambda: jax.jit(self.rl_iteration))
+    if self.mesh is None:
+      fn = shared_program(("rl_iteration", self.signature()),
+                          lambda: jax.jit(self.rl_iteration))
+    else:
+      c = self.config
+
+      def build():
+        return sharding.shard_rl_iteration(
+            self.rollout_fn("train"), self.objective, self.train_config, self.mesh,
+            self.state_shardings(state), num_keep=self.num_keep,
+            filter_mode=c.rl.filter_mode, filter_value=c.rl.filter_value,
+            include_zero=c.rl.include_zero)
+
+      fn = shared_program(("rl_iteration", self.signature(), self._devices_key), build)
     t0 = time.perf_counter()
     state, m = fn(state, self.rl_key(step))
     out = {k: float(v) for k, v in jax.device_get(m).items()}
@@ -375,29 +585,31 @@ class Experiment:
 
     ``temperature`` overrides ``config.eval.temperature`` (ignored when greedy).
     """
-    fn = self.rollout_fn("eval_greedy" if greedy else "eval_temp", temperature)
-    m, _ = _rl.evaluate(fn, params, self.eval_keys, self.eval_key(), self.config.eval.num_groups)
+    m, _ = self._evaluate(params, "eval_greedy" if greedy else "eval_temp", temperature)
     return m
 
   def evaluate_all(self, params, stage: str, workdir: str) -> dict:
-    """Temperature and greedy evaluation; saves decoded samples; returns a dict."""
+    """Temperature and greedy evaluation; saves decoded samples; returns a dict.
+
+    Every process evaluates; only :attr:`is_primary` writes the samples.
+    """
     c = self.config
     out = {}
-    fn = self.rollout_fn("eval_temp")
-    m, traj = _rl.evaluate(fn, params, self.eval_keys, self.eval_key(),
-                           c.eval.num_groups)
+    m, traj = self._evaluate(params, "eval_temp")
     out.update({k: m[k] for k in ("success", "score", "actions", "turns",
                                   "format_valid_frac", "valid_action_frac")})
     out["temperature"] = c.eval.temperature
     if c.eval.greedy:
-      g, _ = _rl.evaluate(self.rollout_fn("eval_greedy"), params, self.eval_keys,
-                          self.eval_key(), c.eval.num_groups)
+      g, _ = self._evaluate(params, "eval_greedy")
       out["greedy_success"] = g["success"]
       out["greedy_score"] = g["score"]
     out["num_levels"] = c.eval.num_levels
-    os.makedirs(os.path.join(workdir, "samples"), exist_ok=True)
-    with open(os.path.join(workdir, "samples", f"{stage}.json"), "w") as f:
-      json.dump(_rl.decode_samples(traj, self.tokenizer, c.eval.samples), f, indent=2)
+    if self.mesh is not None:  # all processes gather (a collective), one writes
+      traj = self.to_host(traj)
+    if self.is_primary:
+      os.makedirs(os.path.join(workdir, "samples"), exist_ok=True)
+      with open(os.path.join(workdir, "samples", f"{stage}.json"), "w") as f:
+        json.dump(_rl.decode_samples(traj, self.tokenizer, c.eval.samples), f, indent=2)
     return {k: float(v) if isinstance(v, (float, np.floating)) else v for k, v in out.items()}
 
   # ---------------------------------------------------------------- checkpoints
@@ -406,6 +618,12 @@ class Experiment:
     return train.Checkpointer(workdir, keep=self.config.checkpoint.keep, async_save=False)
 
   def export(self, workdir: str, params) -> None:
-    """Writes the policy as a Hugging Face directory ``<workdir>/policy``."""
-    train.export_policy(params, self.model_config, os.path.join(workdir, "policy"))
+    """Writes the policy as a Hugging Face directory ``<workdir>/policy``.
+
+    On a mesh every process gathers the parameters and process 0 writes.
+    """
+    if self.mesh is not None:
+      params = self.to_host(params)
+    if self.is_primary:
+      train.export_policy(params, self.model_config, os.path.join(workdir, "policy"))
 

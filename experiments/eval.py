@@ -144,6 +144,10 @@ def evaluate_run(workdir: str, *, env: str | None = None, num_levels: int | None
     config.eval.temperature = float(temperature)
   if samples is not None:
     config.eval.samples = samples
+  # One device, whatever mesh the run trained on (config.mesh): checkpoints
+  # restore onto any sharding, and the run's device count need not be here.
+  if "mesh" in config:
+    config.mesh = ""
   exp = common.Experiment(config)  # validates (naming config.<field>)
   c = config
 

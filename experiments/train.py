@@ -23,6 +23,16 @@ checkpoints, ``policy/`` (a Hugging Face directory of the final policy) and
 
   {"env": ..., "algorithm": ..., "sft": {"success": ..., ...},
    "rl": {"success": ..., ...}, "steps": ..., "seconds": ...}
+
+Devices: ``--config.mesh="data:8"`` (or ``"data:2,fsdp:2,tensor:2"``, see
+``jagent.sharding.make_mesh``; default ``""``: one device) runs the stages on
+a mesh of every device jax sees. Several processes (hosts): start the same
+command on each with ``--distributed`` (``jax.distributed.initialize``; on
+Cloud TPU, Slurm and Open MPI the coordinator, process count and id are
+detected, elsewhere pass ``--coordinator_address=host:port``,
+``--num_processes`` and ``--process_id``); the mesh then spans all processes'
+devices, every process writes its part of each checkpoint (same
+``--workdir`` on a shared file system) and process 0 writes everything else.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import time
 from absl import app
 from absl import flags
 from absl import logging
+import jax
 import tqdm
 from ml_collections import config_flags
 
@@ -46,6 +57,16 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string(
     "workdir", os.path.join(os.path.expanduser("~"), "jagent_runs", "default"),
     "Output directory; an existing run there resumes.")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False,
+    "Call jax.distributed.initialize before anything else (multi-process runs). Without "
+    "the three flags below jax detects them (Cloud TPU, Slurm, Open MPI).")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0's coordinator (--distributed).")
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "Number of processes (--distributed).")
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", None, "This process's id in [0, num_processes) (--distributed).")
 
 # The panels of curves.png: success, RAGEN's Echo Trap diagnostics
 # (REFERENCE.md section 3), evaluation and rollout speed. (Every key of the
@@ -58,8 +79,62 @@ CURVE_KEYS = (
     "throughput/rollout_tokens_per_s")
 
 
+class _NoWriter:
+  """The metrics writer of processes other than 0: writes nothing."""
+
+  def write(self, step, metrics):
+    del step, metrics
+
+  def plot(self, path, keys):
+    del path, keys
+
+  def close(self):
+    pass
+
+
+def initialize_distributed(distributed: bool, coordinator_address: str | None = None,
+                           num_processes: int | None = None,
+                           process_id: int | None = None) -> None:
+  """``jax.distributed.initialize`` for a multi-process run (before any jax work).
+
+  Args:
+    distributed: False does nothing (a single process).
+    coordinator_address: ``host:port`` of process 0, or None to let jax
+      detect it (Cloud TPU, Slurm, Open MPI, Kubernetes).
+    num_processes: the process count, or None (detected).
+    process_id: this process's id in ``[0, num_processes)``, or None
+      (detected).
+
+  Raises:
+    ValueError: a coordinator, count or id given without ``distributed``, or
+      a ``process_id`` outside ``[0, num_processes)``.
+  """
+  given = {k: v for k, v in (("coordinator_address", coordinator_address),
+                             ("num_processes", num_processes),
+                             ("process_id", process_id)) if v is not None}
+  if not distributed:
+    if given:
+      raise ValueError(f"--{next(iter(given))}={next(iter(given.values()))!r} needs "
+                       "--distributed.")
+    return
+  if num_processes is not None and num_processes < 1:
+    raise ValueError(f"--num_processes={num_processes!r} must be >= 1.")
+  if process_id is not None and (process_id < 0 or (
+      num_processes is not None and process_id >= num_processes)):
+    raise ValueError(f"--process_id={process_id!r} must be in [0, --num_processes="
+                     f"{num_processes}).")
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=num_processes, process_id=process_id)
+  logging.info("process %d of %d, %d local of %d devices", jax.process_index(),
+               jax.process_count(), jax.local_device_count(), jax.device_count())
+
+
 def run(config, workdir: str, *, progress: bool = True) -> dict:
   """Runs SFT, RL and evaluation (resuming from ``workdir``); returns the summary.
+
+  In a multi-process run every process calls it with the same config and
+  ``workdir``; checkpoints are written by all, every other file by process
+  0, and every process returns the summary.
 
   Raises:
     ValueError: a bad config (naming the field), before anything compiles.
@@ -67,12 +142,16 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   from jagent import train  # pylint: disable=g-import-not-at-top
   t_start = time.time()
   exp = common.Experiment(config)  # validates the whole config first
+  primary = exp.is_primary
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2))
+  if primary:
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2))
   ckpt = exp.checkpointer(workdir)
   last = ckpt.latest_step()
-  writer = train.MetricsWriter(workdir, resume_step=last, tensorboard=True)
+  writer = (train.MetricsWriter(workdir, resume_step=last, tensorboard=True) if primary
+            else _NoWriter())
+  progress = progress and primary
   if last is None:  # ---- SFT warm start, then the RL state at step 0.
     params = exp.sft(writer, progress=progress)
     summary = {"env": config.env, "algorithm": config.algorithm,
@@ -86,7 +165,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
     meta = ckpt.restore_metadata(last)
     summary = meta["summary"]
     t_start -= meta.get("seconds", 0.0)
-    state, _ = ckpt.restore(exp.rl_state(exp.init_params()), last)
+    state, _ = ckpt.restore(exp.rl_state_target(), last)  # onto config.mesh
 
   # ---- RL.
   steps = config.rl.steps
@@ -113,16 +192,20 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   writer.plot(os.path.join(workdir, "curves.png"), CURVE_KEYS)
   writer.close()
   exp.export(workdir, state.params)
-  with open(os.path.join(workdir, "eval_summary.json"), "w") as f:
-    json.dump(summary, f, indent=2)
+  if primary:
+    with open(os.path.join(workdir, "eval_summary.json"), "w") as f:
+      json.dump(summary, f, indent=2)
   return summary
 
 
 def main(argv):
   del argv
+  initialize_distributed(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
+                         _PROCESS_ID.value)
   common.setup_compilation_cache()
   summary = run(_CONFIG.value, _WORKDIR.value)
-  print(json.dumps(summary, indent=2))
+  if jax.process_index() == 0:
+    print(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model = "qwen2.5-0.5b"  # the architecture; weights from model_dir
   c.model_dir = ""  # REQUIRED: a Hugging Face directory (Qwen2.5-0.5B-Instruct)
   c.tokenizer = ""  # the model_dir's tokenizer.json and chat template
+  # One device by default; e.g. "data:8" on 8 chips (the 128 rollout rows and
+  # the eval's 64 split 8 ways), "fsdp:-1" to shard the weights and Adam
+  # moments too (see the memory table in the launch notes).
+  c.mesh = ""
   c.prompt.update(dict(
       system=_RAGEN_PROMPT.system, instructions="", first_turn=_RAGEN_PROMPT.first_turn,
       next_turn=_RAGEN_PROMPT.next_turn, think=True,

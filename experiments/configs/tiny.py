@@ -60,6 +60,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model = "micro"
   c.tokenizer = "tiny"  # or a Hugging Face model directory
   c.model_dir = ""  # a Hugging Face checkpoint directory (empty: random init)
+  # Devices: "" runs on one device; a jagent.sharding.make_mesh spec ("data:8",
+  # "data:2,fsdp:2,tensor:2", "fsdp:-1") spreads the run over every device jax
+  # sees (all processes' with --distributed); rows over data x fsdp.
+  c.mesh = ""
 
   # The tiny model learns the game from the demonstrations, so each turn's
   # prompt is only the state in the chat framing: no instructions, turn

@@ -10,6 +10,13 @@ Example (8 devices: 2-way data, 2-way FSDP, 2-way tensor parallelism)::
   rollout = sharding.shard_rollout(text_env, model_config, rollout_config, mesh)
   traj = rollout(state.params, key)            # rows over data x fsdp
   state, metrics = step(state, traj.to_batch())  # state donated
+  # or the whole RL iteration (rollout -> filter -> update) as one program:
+  iteration = sharding.shard_rl_iteration(train_rollout, objective, train_config, mesh,
+                                          shardings, num_keep=2)
+  state, metrics = iteration(state, key)
+
+Multi-process runs (``jax.distributed.initialize``): the mesh spans every
+process's devices; host rows become global arrays with :func:`global_rows`.
 
 Please don't use symbols in the ``_``-prefixed modules: they may change.
 """
@@ -21,6 +28,7 @@ from jagent.sharding._mesh import ROW_AXES
 from jagent.sharding._mesh import rows_size
 from jagent.sharding._rules import batch_sharding
 from jagent.sharding._rules import DEFAULT_RULES
+from jagent.sharding._rules import global_rows
 from jagent.sharding._rules import logical_to_sharding
 from jagent.sharding._rules import param_shardings
 from jagent.sharding._rules import replicated
@@ -28,7 +36,9 @@ from jagent.sharding._rules import rows_shardings
 from jagent.sharding._rules import shard_rows
 from jagent.sharding._rules import train_state_shardings
 from jagent.sharding._rules import tree_shardings
+from jagent.sharding._steps import shard_rl_iteration
 from jagent.sharding._steps import shard_rollout
+from jagent.sharding._steps import shard_sft_step
 from jagent.sharding._steps import shard_train_step
 
 __all__ = (
@@ -36,6 +46,7 @@ __all__ = (
     "MESH_AXES",
     "ROW_AXES",
     "batch_sharding",
+    "global_rows",
     "logical_to_sharding",
     "make_mesh",
     "param_shardings",
@@ -43,8 +54,10 @@ __all__ = (
     "replicated",
     "rows_shardings",
     "rows_size",
+    "shard_rl_iteration",
     "shard_rollout",
     "shard_rows",
+    "shard_sft_step",
     "shard_train_step",
     "train_state_shardings",
     "tree_shardings",

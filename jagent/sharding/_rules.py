@@ -320,3 +320,40 @@ def shard_rows(tree: PyTree, mesh: jax.sharding.Mesh) -> PyTree:
     ValueError: see :func:`rows_shardings`.
   """
   return jax.device_put(tree, rows_shardings(tree, mesh))
+
+
+def global_rows(tree: PyTree, mesh: jax.sharding.Mesh) -> PyTree:
+  """Host row arrays, equal on every process, as global arrays with rows over
+  ``data x fsdp``.
+
+  Each process hands ``jax.make_array_from_process_local_data`` only the
+  rows its own devices hold (in a multi-process run no process copies the
+  other processes' rows to its devices); scalars (e.g. ``Batch.metrics``) are
+  replicated. With one process this equals :func:`shard_rows`.
+
+  Args:
+    tree: a ``transforms.Batch`` or any pytree of numpy (or host-convertible)
+      arrays whose non-scalar leaves share the leading dimension B.
+    mesh: the device mesh (:func:`make_mesh`), possibly spanning processes.
+
+  Returns:
+    the same pytree of global ``jax.Array`` leaves, each on its
+    :func:`rows_shardings` sharding.
+
+  Raises:
+    ValueError: see :func:`rows_shardings` (B not divisible by ``data x
+      fsdp``, leaves disagreeing on B).
+  """
+  shardings = rows_shardings(tree, mesh)
+
+  def one(x, s):
+    x = np.asarray(x)
+    if x.ndim == 0:
+      return jax.make_array_from_process_local_data(s, x, x.shape)
+    per_device = x.shape[0] // _mesh.rows_size(mesh)
+    starts = sorted({idx[0].start or 0
+                     for idx in s.addressable_devices_indices_map(x.shape).values()})
+    local = np.concatenate([x[a:a + per_device] for a in starts])
+    return jax.make_array_from_process_local_data(s, local, x.shape)
+
+  return jax.tree.map(one, tree, shardings)

@@ -14,18 +14,66 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jagent import models
 from jagent import transforms
 from jagent._src.types import Array
+from jagent.losses import _filters
 from jagent.rollout import _rollout
 from jagent.rollout import _text
 from jagent.rollout import _trajectory
 from jagent.sharding import _mesh
 from jagent.sharding import _rules
+from jagent.train import _rl
 from jagent.train import _state
 from jagent.train import _step
+
+
+def _check_state_shardings(state_shardings: _state.TrainState,
+                           mesh: jax.sharding.Mesh) -> None:
+  if not isinstance(state_shardings, _state.TrainState):
+    raise ValueError(f"state_shardings must be train_state_shardings(...)'s TrainState; "
+                     f"got {type(state_shardings).__name__}.")
+  for s in jax.tree.leaves(state_shardings):
+    if not isinstance(s, jax.sharding.NamedSharding) or s.mesh != mesh:
+      raise ValueError(f"state_shardings must hold NamedShardings on the given mesh; "
+                       f"got {s!r}.")
+
+
+def _placed(tree: Any, shardings: Any) -> Any:
+  """``tree`` on ``shardings``: leaves already there are kept as they are.
+
+  ``jax.device_put`` of a jax.Array onto a sharding that spans other
+  processes fails in jax 0.10.2 ("cross-host device transfers"), even when
+  the array is already there; numpy leaves are put (every process holds the
+  same value).
+  """
+  def put(x, s):
+    if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(s, x.ndim):
+      return x
+    return jax.device_put(x, s)
+
+  return jax.tree.map(put, tree, shardings)
+
+
+def _batch_step(fn: Callable, mesh: jax.sharding.Mesh, state_shardings: _state.TrainState):
+  """``fn(state, batch)`` jitted per batch structure: state donated, rows over
+  ``data x fsdp``, replicated metrics."""
+  _check_state_shardings(state_shardings, mesh)
+  rep = _rules.replicated(mesh)
+  compiled: dict[Any, Callable] = {}
+
+  def sharded_step(state, batch):
+    batch_shardings = _rules.rows_shardings(batch, mesh)
+    key = (jax.tree.structure(batch), tuple(np.ndim(x) for x in jax.tree.leaves(batch)))
+    if key not in compiled:
+      compiled[key] = jax.jit(fn, in_shardings=(state_shardings, batch_shardings),
+                              out_shardings=(state_shardings, rep), donate_argnums=0)
+    return compiled[key](_placed(state, state_shardings), _placed(batch, batch_shardings))
+
+  return sharded_step
 
 
 def shard_train_step(objective: transforms.Objective, config: _state.TrainConfig,
@@ -44,7 +92,9 @@ def shard_train_step(objective: transforms.Objective, config: _state.TrainConfig
   single-device array's buffer for its first shard, even with
   ``may_alias=False``, in jax 0.10.2). Values equal the
   single-device ``train_step`` up to float reassociation of the sharded
-  reductions. One compile per batch structure and shapes.
+  reductions. One compile per batch structure and shapes. In a multi-process
+  run pass global arrays (e.g. :func:`global_rows`) or numpy arrays equal on
+  every process.
 
   Args:
     objective: the :class:`jagent.transforms.Objective` (static; build it
@@ -63,31 +113,130 @@ def shard_train_step(objective: transforms.Objective, config: _state.TrainConfig
       NamedShardings on ``mesh``; (per call) ``B`` not divisible by
       ``data x fsdp`` or ``train_step``'s own batch errors.
   """
-  if not isinstance(state_shardings, _state.TrainState):
-    raise ValueError(f"state_shardings must be train_state_shardings(...)'s TrainState; "
-                     f"got {type(state_shardings).__name__}.")
-  for s in jax.tree.leaves(state_shardings):
-    if not isinstance(s, jax.sharding.NamedSharding) or s.mesh != mesh:
-      raise ValueError(f"state_shardings must hold NamedShardings on the given mesh; "
-                       f"got {s!r}.")
-  rep = _rules.replicated(mesh)
-
   def step(state, batch):
-    return _step.train_step(state, batch, objective=objective, config=config)
+    return _step._train_step(state, batch, objective=objective, config=config)  # pylint: disable=protected-access
 
-  compiled: dict[Any, Callable] = {}
+  return _batch_step(step, mesh, state_shardings)
 
-  def sharded_step(state, batch):
-    batch_shardings = _rules.rows_shardings(batch, mesh)
-    key = (jax.tree.structure(batch), tuple(np.ndim(x) for x in jax.tree.leaves(batch)))
-    if key not in compiled:
-      compiled[key] = jax.jit(step, in_shardings=(state_shardings, batch_shardings),
-                              out_shardings=(state_shardings, rep), donate_argnums=0)
-    state = jax.device_put(state, state_shardings)
-    batch = jax.device_put(batch, batch_shardings)
-    return compiled[key](state, batch)
 
-  return sharded_step
+def shard_sft_step(config: _state.TrainConfig, mesh: jax.sharding.Mesh,
+                   state_shardings: _state.TrainState
+                   ) -> Callable[[_state.TrainState, transforms.Batch],
+                                 tuple[_state.TrainState, dict[str, Array]]]:
+  """:func:`jagent.train.sft_step` jitted for ``mesh``, state donated.
+
+  Same placement, donation and compile rules as :func:`shard_train_step`
+  (rows of ``batch.tokens`` / ``batch.loss_mask`` over ``data x fsdp``,
+  parameters and Adam moments by their logical axes, replicated metrics);
+  values equal the single-device ``sft_step`` up to float reassociation.
+
+  Args:
+    config: the SFT :class:`jagent.train.TrainConfig` (static).
+    mesh: the device mesh (:func:`make_mesh`).
+    state_shardings: :func:`train_state_shardings` of the SFT state.
+
+  Returns:
+    ``step(state, batch) -> (state, metrics)`` as ``sft_step``: ``batch`` a
+    :class:`jagent.transforms.Batch` with ``tokens`` int ``[B, S]`` and
+    ``loss_mask`` ``[B, S]``; metrics float32 ``[]`` (``sft/nll``, ...).
+
+  Raises:
+    ValueError: (at build) bad ``state_shardings``; (per call) ``B`` not
+      divisible by ``data x fsdp`` or ``sft_step``'s own batch errors.
+  """
+  def step(state, batch):
+    return _step._sft_step(state, batch, config=config)  # pylint: disable=protected-access
+
+  return _batch_step(step, mesh, state_shardings)
+
+
+def _iteration_metrics(traj, kept, filter_metrics, train_metrics) -> dict[str, Array]:
+  """:func:`jagent.train.rl_iteration`'s metrics (same keys, same formulas;
+  tests/jagent/sharding_test.py checks them against it)."""
+  f32 = lambda x: jnp.asarray(x, jnp.float32)  # pylint: disable=unnecessary-lambda-assignment
+  metrics = {f"rollout/{k}": v for k, v in traj.metrics().items()}
+  metrics["rollout/sampled_tokens"] = jnp.sum(f32(traj.loss_mask))
+  metrics["rollout/env_turns"] = jnp.sum(f32(traj.num_turns))
+  metrics["train/context_tokens"] = jnp.float32(np.prod(kept.tokens.shape))
+  metrics.update(filter_metrics)
+  metrics.update(train_metrics)
+  return {k: f32(v).reshape(()) for k, v in metrics.items()}
+
+
+def shard_rl_iteration(rollout_fn: Callable[..., _trajectory.Trajectory],
+                       objective: transforms.Objective, config: _state.TrainConfig,
+                       mesh: jax.sharding.Mesh, state_shardings: _state.TrainState, *,
+                       num_keep: int, filter_mode: str = "top_fraction",
+                       filter_value: float = 1.0, include_zero: bool = True
+                       ) -> Callable[[_state.TrainState, jax.Array],
+                                     tuple[_state.TrainState, dict[str, Array]]]:
+  """:func:`jagent.train.rl_iteration` jitted for ``mesh``, state donated.
+
+  One program per iteration (rollout -> StarPO-S compaction -> advantages
+  -> updates) as in the single-device run, with the state on
+  ``state_shardings`` in and out, a replicated key and replicated metrics.
+  The rollout's trajectory rows are constrained to ``data x fsdp``
+  (``jax.lax.with_sharding_constraint``; GSPMD carries that sharding back
+  into the sampling loop, so each device generates only its rows), and so
+  are the kept rows handed to the update when ``data x fsdp`` divides
+  ``num_keep x G`` (the compaction's gather alone would leave them
+  replicated: every device would then train on every row). The stages and
+  metrics are :func:`jagent.train.rl_iteration`'s, composed of the same
+  functions (``compact_groups``, the train step); values equal the
+  single-device iteration up to float reassociation of the sharded
+  reductions (sampled tokens are equal unless such a difference moves a
+  logit across a sampling boundary). In a multi-process run every process
+  calls it with the same key: each generates and trains on the rows of its
+  own devices, and no host data moves.
+
+  Args:
+    rollout_fn: ``rollout_fn(params, key) -> Trajectory`` of ``B`` rows
+      (:func:`jagent.rollout.make_rollout`; not jitted for a mesh: this
+      function places it). ``B`` must be divisible by ``data x fsdp``.
+    objective: the :class:`jagent.transforms.Objective` (static).
+    config: the :class:`jagent.train.TrainConfig` (static).
+    mesh: the device mesh (:func:`make_mesh`).
+    state_shardings: :func:`train_state_shardings` of the state.
+    num_keep, filter_mode, filter_value, include_zero: as
+      :func:`jagent.train.rl_iteration`.
+
+  Returns:
+    ``step(state, key) -> (state, metrics)``: ``key`` a typed PRNG key
+    ``[]``, metrics :func:`jagent.train.rl_iteration`'s dict of float32
+    ``[]``. The input state is donated.
+
+  Raises:
+    ValueError: (at build) bad ``state_shardings``; (at the first call)
+      ``B`` not divisible by ``data x fsdp`` or what ``rl_iteration``
+      raises.
+  """
+  _check_state_shardings(state_shardings, mesh)
+  _filters.check_filter_args(filter_mode, filter_value)
+  rep = _rules.replicated(mesh)
+  n = _mesh.rows_size(mesh)
+
+  def on_rows(tree):
+    rows = {np.shape(x)[0] for x in jax.tree.leaves(tree) if np.ndim(x) >= 1}
+    if any(b % n for b in rows):
+      return tree  # the partitioner chooses
+    return jax.lax.with_sharding_constraint(tree, _rules.rows_shardings(tree, mesh))
+
+  def iteration(state, key):
+    # jagent.train.rl_iteration, with the two row constraints.
+    traj = on_rows(rollout_fn(state.params, key))
+    kept, filter_metrics = _rl.compact_groups(traj, num_keep, mode=filter_mode,
+                                              value=filter_value, include_zero=include_zero)
+    state, train_metrics = _step._train_step(  # pylint: disable=protected-access
+        state, on_rows(kept.to_batch()), objective=objective, config=config)
+    return state, _iteration_metrics(traj, kept, filter_metrics, train_metrics)
+
+  jitted = jax.jit(iteration, in_shardings=(state_shardings, rep),
+                   out_shardings=(state_shardings, rep), donate_argnums=0)
+
+  def sharded_iteration(state, key):
+    return jitted(_placed(state, state_shardings), key)
+
+  return sharded_iteration
 
 
 def shard_rollout(text_env: _text.TextEnv, model_config: models.ModelConfig,
@@ -138,7 +287,7 @@ def shard_rollout(text_env: _text.TextEnv, model_config: models.ModelConfig,
   by_keys = jax.jit(fn, in_shardings=(params_sh, rep, rep), out_shardings=out_sh)
 
   def sharded_rollout(params, key, reset_keys=None):
-    params = jax.device_put(params, params_sh)
+    params = _placed(params, params_sh)
     if reset_keys is None:
       return by_default(params, key)
     return by_keys(params, key, reset_keys)

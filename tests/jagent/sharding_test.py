@@ -362,5 +362,109 @@ class ShardedRolloutTest(parameterized.TestCase):
                              sharding.make_mesh("data:2,fsdp:2,tensor:2"))
 
 
+class ShardedRLIterationTest(absltest.TestCase):
+  """shard_rl_iteration on (2,2,2) == jagent.train.rl_iteration on one device.
+
+  FrozenLake, 4 groups x 2 rows by a random 1-layer policy, PPO with a
+  value head (nonzero advantages), the top half of the groups kept (4 rows:
+  the kept-rows constraint applies).
+  """
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    env, _ = envs_jax.make("FrozenLake-4x4-v0")
+    text_env = rollout.TextEnv(env, TOK, rollout.PromptConfig.compact(
+        system="", instructions="", think=False))
+    rc = rollout.RolloutConfig(num_groups=4, group_size=2, max_turns=2, max_tokens_per_turn=8)
+    # In a dict: a function class attribute would bind as a method.
+    cls.fns = {"rollout": rollout.make_rollout(text_env, ROLLOUT_CFG, rc)}
+    opt = train.OptimizerConfig(learning_rate=1e-3, eps=1e-4)  # eps: see ShardedTrainStepTest
+    cls.config = train.TrainConfig(model=ROLLOUT_CFG, actor_optimizer=opt, critic_optimizer=opt,
+                                   old_logprobs="sampler")
+    cls.objective = transforms.make("ppo")
+    cls.kwargs = dict(num_keep=2, filter_mode="top_fraction", filter_value=0.5,
+                      include_zero=True)
+    params = models.init(ROLLOUT_CFG, jax.random.key(0))
+    cls.state = train.init_train_state(params, jax.random.key(1), config=cls.config,
+                                       critic="head", objective=cls.objective)
+    cls.key = jax.random.key(2)
+    cls.expected = jax.jit(lambda st, k: train.rl_iteration(
+        st, k, rollout_fn=cls.fns["rollout"], objective=cls.objective, config=cls.config,
+        **cls.kwargs))(cls.state, cls.key)
+
+  def test_equals_single_device(self):
+    mesh = sharding.make_mesh("data:2,fsdp:2,tensor:2")
+    sh = sharding.train_state_shardings(self.state, mesh)
+    step = sharding.shard_rl_iteration(self.fns["rollout"], self.objective, self.config, mesh, sh,
+                                       **self.kwargs)
+    placed = jax.device_put(jax.tree.map(jnp.copy, self.state), sh)
+    new, metrics = step(placed, self.key)
+    self.assertTrue(placed.params.embed.is_deleted())  # donated
+    want_state, want_metrics = self.expected
+    self.assertEqual(int(new.step), 1)
+    self.assertEqual(set(metrics), set(want_metrics))  # the same metrics as rl_iteration
+    for k, v in want_metrics.items():
+      np.testing.assert_allclose(metrics[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+    self.assertGreater(float(want_metrics["rollout/sampled_tokens"]), 30)
+    moved = np.max(np.abs(np.asarray(want_state.params.layers[0].wq)
+                          - np.asarray(self.state.params.layers[0].wq)))
+    self.assertGreater(moved, 1e-4)
+    paths = jax.tree_util.tree_flatten_with_path(want_state)[0]
+    for (path, want), got in zip(paths, jax.tree.leaves(new)):
+      want = np.asarray(want)
+      scale = float(np.max(np.abs(want))) if want.size and want.dtype.kind == "f" else 0.0
+      np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5 * scale,
+                                 err_msg=jax.tree_util.keystr(path))
+    for got, want in zip(jax.tree.leaves(new), jax.tree.leaves(sh)):
+      self.assertEqual(got.sharding, want)
+    for v in metrics.values():
+      self.assertTrue(v.sharding.is_fully_replicated)
+
+  def test_errors(self):
+    mesh = sharding.make_mesh("data:8")
+    sh = sharding.train_state_shardings(self.state, mesh)
+    with self.assertRaisesRegex(ValueError, "state_shardings"):
+      sharding.shard_rl_iteration(self.fns["rollout"], self.objective, self.config, mesh,
+                                  sh.params, **self.kwargs)
+    with self.assertRaisesRegex(ValueError, r"value must lie in \(0.0, 1.0\]; got 2.0"):
+      sharding.shard_rl_iteration(self.fns["rollout"], self.objective, self.config, mesh, sh,
+                                  num_keep=2, filter_mode="top_fraction", filter_value=2.0)
+
+
+class ShardedSFTStepTest(absltest.TestCase):
+
+  def test_equals_single_device_and_global_rows(self):
+    config = train.TrainConfig(model=TRAIN_CFG, actor_optimizer=train.OptimizerConfig(
+        learning_rate=1e-3, eps=1e-4))
+    rng = np.random.default_rng(0)
+    mask = np.zeros((8, 12), np.float32)
+    mask[:, 4:] = 1.0
+    batch = transforms.Batch(tokens=rng.integers(1, TRAIN_CFG.vocab_size, (8, 12)).astype(
+        np.int32), loss_mask=mask)
+    state = train.init_train_state(models.init(TRAIN_CFG, jax.random.key(0)),
+                                   jax.random.key(1), config=config)
+    want_state, want_metrics = train.sft_step(state, batch, config=config)
+    mesh = sharding.make_mesh("data:2,fsdp:2,tensor:2")
+    rows = sharding.global_rows(batch, mesh)  # one process: equals shard_rows
+    placed = sharding.shard_rows(batch, mesh)
+    for a, b in zip(jax.tree.leaves(rows), jax.tree.leaves(placed)):
+      self.assertEqual(a.sharding, b.sharding)
+      np.testing.assert_array_equal(a, b)
+    with self.assertRaisesRegex(ValueError, "B=6"):
+      sharding.global_rows(jax.tree.map(lambda x: x[:6], batch), mesh)
+    sh = sharding.train_state_shardings(state, mesh)
+    step = sharding.shard_sft_step(config, mesh, sh)
+    new, metrics = step(jax.device_put(jax.tree.map(jnp.copy, state), sh), rows)
+    self.assertEqual(set(metrics), set(want_metrics))
+    for k, v in want_metrics.items():
+      np.testing.assert_allclose(metrics[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+    for got, want in zip(jax.tree.leaves(new), jax.tree.leaves(want_state)):
+      want = np.asarray(want)
+      scale = float(np.max(np.abs(want))) if want.size and want.dtype.kind == "f" else 0.0
+      np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5 * scale)
+    self.assertEqual(new.params.layers[0].wq.sharding, sh.params.layers[0].wq)
+
+
 if __name__ == "__main__":
   absltest.main()
