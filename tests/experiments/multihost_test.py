@@ -3,8 +3,8 @@
 ``python -m experiments.train --distributed`` in two subprocesses on
 localhost (``jax.distributed.initialize`` with a free port; 2 fake CPU devices
 each; gloo collectives, jax 0.10.2's CPU default) runs 3 RL steps of a shrunk
-tiny config (Bandit, the ``nano`` model, 2 x 2 rollouts, PPO with a value
-head so every step moves the policy, no SFT, 4 evaluation levels) with
+tiny config (Bandit, the ``nano`` model, 2 SFT steps, 2 x 2 rollouts, PPO
+with a value head so every step moves the policy, 4 evaluation levels) with
 ``--config.mesh=data:4``. A third subprocess runs the same command as one
 process with 4 devices. Their metrics (every record, evaluations included)
 and final states must agree to rel. 1e-5 (the collectives add in another
@@ -39,7 +39,11 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 _STEPS = 3
 _OVERRIDES = {
     "model": "nano", "rollout.num_groups": 2, "rollout.group_size": 2,
-    "rollout.max_tokens_per_turn": 12, "sft.steps": 0, "rl.steps": _STEPS,
+    "rollout.max_tokens_per_turn": 12,
+    # 2 SFT steps of 4 random-answer demonstrations: rows from each process
+    # (jagent.sharding.global_rows).
+    "sft.expert": "random", "sft.num_demos": 8, "sft.steps": 2, "sft.batch_size": 4,
+    "sft.learning_rate": 1e-5, "sft.warmup_steps": 0, "rl.steps": _STEPS,
     # lr 1e-5: Adam moves a weight whose gradient is float noise by up to lr
     # per step, in whichever direction the noise points (measured at 1e-3:
     # 15 of 32768 embedding weights 3e-6 apart after 3 steps).
@@ -147,10 +151,11 @@ class MultiProcessTest(absltest.TestCase):
     for name in ("config.json", "samples/sft.json", "samples/rl.json",
                  "policy/model.safetensors", "curves.png"):
       self.assertTrue(os.path.exists(os.path.join(self.workdir, name)), name)
-    # One record per write (none from process 1): the SFT evaluation at 0,
-    # RL steps 1..3, the final evaluation at 3.
+    # One record per write (none from process 1): the last SFT step and the
+    # SFT evaluation at 0, RL steps 1..3, the final evaluation at 3.
     records = jtrain.read_metrics(os.path.join(self.workdir, "metrics.jsonl"))
-    self.assertEqual([r["step"] for r in records], [0, 1, 2, 3, 3])
+    self.assertEqual([r["step"] for r in records], [0, 0, 1, 2, 3, 3])
+    self.assertIn("sft/nll", records[0])
 
   def test_metrics_equal_one_process(self):
     want = jtrain.read_metrics(os.path.join(self.ref_workdir, "metrics.jsonl"))
