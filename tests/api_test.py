@@ -20,6 +20,7 @@ PACKAGES = (
     "jagent.transforms",
     "jagent.rollout",
     "jagent.train",
+    "jagent.sharding",
     "envs_jax",
 )
 

@@ -36,7 +36,6 @@ from jagent.models._transformer import init
 from jagent.models._transformer import init_cache
 from jagent.models._transformer import KVCache
 from jagent.models._transformer import LayerParams
-from jagent.models._transformer import logical_sharding
 from jagent.models._transformer import param_axes
 from jagent.models._transformer import Params
 from jagent.models._transformer import rope_inv_freq
@@ -59,7 +58,6 @@ __all__ = (
     "init",
     "init_cache",
     "load_hf_checkpoint",
-    "logical_sharding",
     "param_axes",
     "read_hf_config",
     "rope_inv_freq",

@@ -152,7 +152,7 @@ def load_hf_checkpoint(
     config: optional config to use instead of reading config.json (its shapes
       must match the tensors).
     shardings: optional pytree like ``Params`` with a ``jax.sharding.Sharding``
-      per leaf (e.g. ``logical_sharding(param_axes(config), mesh, rules)``);
+      per leaf (e.g. ``jagent.sharding.param_shardings(params_shapes, mesh)``);
       each tensor goes straight to its target sharding.
     **config_overrides: ModelConfig fields replaced after reading config.json
       (e.g. ``param_dtype="bfloat16"``, ``dtype="bfloat16"``).

@@ -6,7 +6,8 @@ public for value heads) followed by ``output_logits``. Parameters and the KV cac
 are ``flax.struct.dataclass`` pytrees of plain arrays, so both functions work under
 ``jax.jit``, ``jax.grad``, ``jax.vmap`` and any sharding; ``param_axes`` and
 ``cache_axes`` return the same pytrees with a ``PartitionSpec`` of logical axis
-names in place of every array, for sharding by rules (``logical_sharding``).
+names in place of every array, for sharding by rules (``jagent.sharding``:
+``tree_shardings(param_axes(config), params, mesh, rules)``, ``param_shardings``).
 
 Layers are a tuple (one ``LayerParams`` per layer, unrolled in ``apply``) rather
 than stacked arrays: each decode step then updates each layer's cache buffer in
@@ -113,22 +114,6 @@ def cache_axes(config: ModelConfig) -> KVCache:
   return KVCache(k=k, v=v, lengths=P(BATCH))
 
 
-def logical_sharding(axes, mesh: jax.sharding.Mesh, rules):
-  """Maps a pytree of logical PartitionSpecs to NamedShardings on ``mesh``.
-
-  Args:
-    axes: e.g. ``param_axes(config)`` or ``cache_axes(config)``.
-    mesh: the device mesh.
-    rules: sequence of ``(logical_name, mesh_axis_or_None)`` pairs, as in
-      ``flax.linen.logical_axis_rules``; unnamed logical axes are replicated.
-
-  Returns:
-    The same pytree with ``jax.sharding.NamedSharding`` leaves.
-  """
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  return nn.logical_to_mesh_sharding(axes, mesh, tuple(rules))
-
-
 @functools.partial(jax.jit, static_argnames=("config",))
 def init(config: ModelConfig, key: jax.Array) -> Params:
   """Random parameters (one jit-compiled program per config).
@@ -137,7 +122,8 @@ def init(config: ModelConfig, key: jax.Array) -> Params:
   biases zero, RMSNorm scales one. All matrices come from one normal draw of
   ``num_params`` values (a transient float32 vector that size). For a sharded
   init, wrap it:
-  ``jax.jit(init, static_argnums=0, out_shardings=logical_sharding(...))``.
+  ``jax.jit(init, static_argnums=0,
+  out_shardings=jagent.sharding.param_shardings(jax.eval_shape(init, config, key), mesh))``.
 
   Args:
     config: the model config.

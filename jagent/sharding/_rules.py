@@ -114,6 +114,10 @@ def tree_shardings(axes: PyTree, tree: PyTree, mesh: jax.sharding.Mesh,
                    rules: Rules = DEFAULT_RULES) -> PyTree:
   """:func:`logical_to_sharding` over a pytree and its logical axes.
 
+  The one place logical axis names become shardings (it replaces
+  ``jagent.models.logical_sharding``): e.g.
+  ``tree_shardings(models.cache_axes(config), cache, mesh, rules)``.
+
   Args:
     axes: the pytree with PartitionSpec leaves (e.g. ``models.param_axes``).
     tree: the arrays (or ``jax.ShapeDtypeStruct`` leaves) of the same

@@ -18,6 +18,7 @@ import numpy as np
 import safetensors.numpy
 
 from jagent import models
+from jagent import sharding
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures"
 NAMES = ("hf_qwen2_tiny", "hf_llama_tiny")
@@ -77,11 +78,12 @@ class CheckpointTest(parameterized.TestCase):
     mesh = jax.make_mesh((2, 4), ("data", "model"),
                          axis_types=(jax.sharding.AxisType.Auto,) * 2)
     rules = (("mlp", "model"), ("q_heads", "model"), ("vocab", "model"))
-    shardings = models.logical_sharding(models.param_axes(config), mesh, rules)
+    shapes = jax.eval_shape(lambda k: models.init(config, k), jax.random.key(0))
+    shardings = sharding.tree_shardings(models.param_axes(config), shapes, mesh, rules)
     params, _ = models.load_hf_checkpoint(path, shardings=shardings)
     for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(shardings)):
       self.assertEqual(x.sharding, s)
-    self.assertEqual(params.embed.sharding.spec, jax.P("model", None))
+    self.assertEqual(params.embed.sharding.spec, jax.P("model"))  # [V, D]: V over model
     plain, _ = models.load_hf_checkpoint(path)
     np.testing.assert_array_equal(params.layers[1].w_up, plain.layers[1].w_up)
     half, cfg16 = models.load_hf_checkpoint(path, param_dtype="bfloat16")

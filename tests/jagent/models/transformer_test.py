@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jagent import models
+from jagent import sharding
 
 CFG = models.get_config("tiny", vocab_size=64, embed_dim=32, num_layers=2, mlp_dim=64,
                         head_dim=8)
@@ -124,11 +125,12 @@ class TransformerTest(chex.TestCase):
     mesh = jax.make_mesh((2, 4), ("data", "model"),
                          axis_types=(jax.sharding.AxisType.Auto,) * 2)
     rules = (("batch", "data"), ("mlp", "model"), ("q_heads", "model"), ("vocab", "model"))
-    shard = models.logical_sharding(models.param_axes(CFG), mesh, rules)
+    shard = sharding.tree_shardings(models.param_axes(CFG), self.params, mesh, rules)
     params = jax.device_put(self.params, shard)
     self.assertEqual(params.layers[0].w_gate.sharding.spec, jax.P(None, "model"))
     cache = models.init_cache(CFG, 4, S)
-    cache = jax.device_put(cache, models.logical_sharding(models.cache_axes(CFG), mesh, rules))
+    cache = jax.device_put(cache, sharding.tree_shardings(models.cache_axes(CFG), cache, mesh,
+                                                          rules))
     toks = jnp.concatenate([self.tokens, self.tokens[:1]])
     logits, _ = _cached(params, toks, cache, None)
     np.testing.assert_allclose(logits[:B], self.full, atol=2e-5)
