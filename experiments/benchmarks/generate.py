@@ -11,9 +11,11 @@ For the ``tiny`` and ``small-10m`` configs (random weights, float32):
   ``model.generate(do_sample=True, min_new_tokens=max_new_tokens)`` with torch
   using every core (needs the ``hf`` extra; skipped when absent);
 - ``decode_ms``: one decode step (batch ``--batch``, cache of prompt + new
-  slots) timed inside a jitted ``fori_loop``; ``roofline_ms``: bytes read per
-  step (all weights + the whole K/V cache, which every step attends over)
-  divided by the measured copy bandwidth (``np.copyto`` of a 256 MiB array).
+  slots, filled from the prompt on, one token per row and step, picked by the
+  library's greedy sampler) timed inside a jitted ``fori_loop``;
+  ``roofline_ms``: bytes read per step (all weights + the whole K/V cache,
+  which every decode step attends over) divided by the measured copy
+  bandwidth (``np.copyto`` of a 256 MiB array).
 
 Prints a table and one JSON line per config. Speed is measured here, never in
 tests.
@@ -63,14 +65,19 @@ def ours(params, config, prompt, new, repeats):
   return b * new / t
 
 
-def decode_step_seconds(params, config, batch, slots, repeats, steps=(16, 80)):
-  """Seconds per single-token decode step at cache size ``slots``.
+def decode_step_seconds(params, config, batch, prompt, new, repeats):
+  """Seconds per single-token decode step with a cache of ``prompt + new`` slots.
 
-  Times jitted ``fori_loop``s of ``steps[0]`` and ``steps[1]`` decode steps and
-  divides the difference by the extra steps, so the fixed per-call costs
-  (copying the non-donated cache in, allocating outputs) cancel.
+  Starting from ``prompt`` filled slots, times jitted ``fori_loop``s of
+  ``new // 8`` and ``new`` decode steps (each appends one token per row, as
+  in generation) and divides the difference by the extra steps, so the fixed
+  per-call costs (copying the non-donated cache in, allocating outputs)
+  cancel.
   """
-  cache = models.init_cache(config, batch, slots, lengths=jnp.full((batch,), slots // 2))
+  cache = models.init_cache(config, batch, prompt + new, lengths=jnp.full((batch,), prompt))
+  greedy = models.SamplingConfig(max_new_tokens=1, greedy=True)
+  key = jax.random.key(0)
+  steps = (max(new // 8, 1), new)
 
   def make(n):
     @jax.jit
@@ -79,8 +86,8 @@ def decode_step_seconds(params, config, batch, slots, repeats, steps=(16, 80)):
         tok, cache = carry
         logits, cache = models.apply(
             params, tok[:, None], cache.lengths[:, None], cache, config=config,
-            num_tokens=jnp.zeros((batch,), jnp.int32))
-        return jnp.argmax(logits[:, 0], -1).astype(jnp.int32), cache
+            num_tokens=jnp.ones((batch,), jnp.int32))
+        return models.sample_logits(logits[:, 0], key, greedy)[0], cache
       return jax.lax.fori_loop(0, n, body, (jnp.zeros((batch,), jnp.int32), cache))
     return loop
 
@@ -132,7 +139,7 @@ def main(argv):
     ours_tps = ours(params, config, prompt, n, _REPEATS.value)
     hf_tps = hf_generate(params, config, prompt, n, _REPEATS.value) if _HF.value else None
     slots = p + n
-    step = decode_step_seconds(params, config, b, slots, _REPEATS.value)
+    step = decode_step_seconds(params, config, b, p, n, _REPEATS.value)
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
     kv_bytes = 2 * config.num_layers * b * config.num_kv_heads * slots * config.head_dim * 4
     roof = (weight_bytes + kv_bytes) / bw
