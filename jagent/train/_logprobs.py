@@ -50,15 +50,76 @@ def default_positions(tokens: Array) -> Array:
   return jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32)[None], (b, s))
 
 
+# Positions per chunk of the masked output projection (see logprobs_from_hidden).
+_MASKED_CHUNK = 256
+
+
+def _head(params, h_nd, next_n, config, temperature, with_entropy):
+  """float32 ``(log-probs [N], entropies [N] or None)`` of tokens ``next_n``."""
+  z = _transformer.output_logits(params, h_nd, config)  # [N, V]
+  if temperature != 1.0:
+    z = z / jnp.float32(temperature)
+  lse = jax.nn.logsumexp(z, axis=-1)
+  target = jnp.take_along_axis(z, next_n[..., None], axis=-1)[..., 0]
+  return target - lse, losses.entropy_from_logits(z) if with_entropy else None
+
+
+def _masked_head(params, h_nd, next_n, selected_n, config, temperature, with_entropy):
+  """:func:`_head` at the selected positions only (0 elsewhere).
+
+  The selected positions are gathered first (``jnp.nonzero``, in order) and
+  projected in chunks of ``_MASKED_CHUNK`` rows by a ``lax.scan`` whose body
+  skips (``lax.cond``) the chunks past the selected count, so the cost
+  follows the number of selected positions, not N; the chunk is
+  rematerialized in the backward pass, so no [N, V] residual is kept. Under
+  ``vmap`` the skipped chunks are computed too (same values).
+  """
+  n, d = h_nd.shape
+  chunk = min(_MASKED_CHUNK, n)
+  num_chunks = -(-n // chunk)
+  count = jnp.sum(selected_n.astype(jnp.int32))
+  flat = jnp.nonzero(selected_n, size=num_chunks * chunk, fill_value=n)[0].astype(jnp.int32)
+  # Gathered before the scan (a closed-over h_nd would be saved per chunk).
+  h = jnp.take(h_nd, flat, axis=0, mode="fill", fill_value=0).reshape(num_chunks, chunk, d)
+  nxt = jnp.take(next_n, flat, axis=0, mode="fill", fill_value=0).reshape(num_chunks, chunk)
+
+  @jax.checkpoint
+  def project(h, nxt):
+    lp, ent = _head(params, h, nxt, config, temperature, with_entropy)
+    return lp, jnp.zeros_like(lp) if ent is None else ent
+
+  def skip(h, nxt):
+    del h
+    zeros = jnp.zeros(nxt.shape, jnp.float32)
+    return zeros, zeros
+
+  def body(_, xs):
+    i, h, nxt = xs
+    return None, jax.lax.cond(i * chunk < count, project, skip, h, nxt)
+
+  _, (lp, ent) = jax.lax.scan(body, None, (jnp.arange(num_chunks, dtype=jnp.int32), h, nxt))
+  # Index n (the fill past the selected positions) is dropped.
+  lp = jnp.zeros((n,), jnp.float32).at[flat].set(lp.reshape(-1), mode="drop")
+  ent = jnp.zeros((n,), jnp.float32).at[flat].set(ent.reshape(-1), mode="drop")
+  return lp, ent if with_entropy else None
+
+
 def logprobs_from_hidden(params: models.Params, h_bsd: Array, tokens: Array, *,
                          config: models.ModelConfig, temperature: float,
-                         with_entropy: bool) -> LogprobsOutput:
+                         with_entropy: bool,
+                         mask: ArrayLike | None = None) -> LogprobsOutput:
   """Log-probs (and entropies) of ``tokens`` from the trunk's hidden states.
 
   Projects ``h[:, :-1]`` (the positions that predict tokens ``1..S-1``) to
   float32 logits ``[B, S-1, V]``, divides by the temperature and reads
   ``z[token] - logsumexp(z)`` (no full log-softmax array is kept beyond the
   logits themselves), then pads position 0 with 0.
+
+  With ``mask``, only the positions ``s >= 1`` where ``mask[b, s] != 0`` are
+  projected (the others are 0): what a loss over ``mask`` reads, at the
+  cost of those positions rather than all ``B x (S-1)`` (an RL batch trains
+  a few reply tokens per prompt-heavy row). The values there are those of
+  the full projection up to float rounding, and so are the gradients.
 
   Args:
     params: policy parameters (for the output projection).
@@ -67,20 +128,25 @@ def logprobs_from_hidden(params: models.Params, h_bsd: Array, tokens: Array, *,
     config: the model config.
     temperature: the logits temperature (> 0).
     with_entropy: also return per-position entropies.
+    mask: optional ``[B, S]`` (any dtype): the positions needed.
 
   Returns:
     :class:`LogprobsOutput`.
   """
-  z = _transformer.output_logits(params, h_bsd[:, :-1], config)  # [B, S-1, V]
-  if temperature != 1.0:
-    z = z / jnp.float32(temperature)
-  lse = jax.nn.logsumexp(z, axis=-1)
-  target = jnp.take_along_axis(z, tokens[:, 1:, None], axis=-1)[..., 0]
   pad = ((0, 0), (1, 0))
-  logprobs = jnp.pad(target - lse, pad)
-  entropy = None
-  if with_entropy:
-    entropy = jnp.pad(losses.entropy_from_logits(z), pad)
+  if mask is None:
+    lp, entropy = _head(params, h_bsd[:, :-1], tokens[:, 1:], config, temperature,
+                        with_entropy)
+  else:
+    b, s, d = h_bsd.shape
+    lp, entropy = _masked_head(
+        params, h_bsd[:, :-1].reshape(b * (s - 1), d), tokens[:, 1:].reshape(-1),
+        (jnp.asarray(mask)[:, 1:] != 0).reshape(-1), config, temperature, with_entropy)
+    lp = lp.reshape(b, s - 1)
+    entropy = None if entropy is None else entropy.reshape(b, s - 1)
+  logprobs = jnp.pad(lp, pad)
+  if entropy is not None:
+    entropy = jnp.pad(entropy, pad)
   return LogprobsOutput(logprobs, entropy)
 
 

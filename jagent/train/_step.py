@@ -8,7 +8,9 @@ One RL step (:func:`train_step`):
    has a reference policy), rollout-time ``values`` (if it has a critic) and
    the pre-update entropy. With ``TrainConfig.old_logprobs="sampler"`` the
    old log-probs are the batch's ``sampler_logprobs`` and, without critic and
-   reference, this forward is skipped.
+   reference, this forward is skipped. Here and in the updates, log-probs
+   and entropies are projected to the vocabulary only at the positions of
+   the loss mask (0 elsewhere; nothing reads them there).
 2. ``objective.update(batch, state.objective_state)``: advantages, returns,
    the filter's keep mask (dropped rows get ``loss_mask = 0``; they still
    cost compute: rows are not compacted), batch metrics.
@@ -171,15 +173,21 @@ def _check_batch(batch: transforms.Batch, rows_divisor: int, what: str) -> None:
                      f"{rows_divisor} (num_minibatches * num_microbatches).")
 
 
-def _forward(params, critic_params, tokens, *, config, temperature,
+def _forward(params, critic_params, tokens, mask, *, config, temperature,
              with_entropy=True) -> transforms.ModelOutputs:
-  """Policy log-probs, entropy and (if a critic) values, one policy forward."""
+  """Policy log-probs, entropy and (if a critic) values, one policy forward.
+
+  Log-probs and entropies are computed where ``mask`` is nonzero only (0
+  elsewhere): every loss, transform and metric of a step reads them under
+  its loss mask, and ``mask`` is that mask (or, before the objective's
+  transform, the batch's, of which the transform only drops positions).
+  """
   h, _ = models.hidden_states(params, tokens,
                               _logprobs.default_positions(tokens),
                               config=config)
   lp = _logprobs.logprobs_from_hidden(params, h, tokens, config=config,
                                       temperature=temperature,
-                                      with_entropy=with_entropy)
+                                      with_entropy=with_entropy, mask=mask)
   values = None
   if critic_params is not None:
     values = _critic.critic_values(critic_params, tokens, config=config,
@@ -301,16 +309,19 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
 
   # 1. Rollout-time quantities, no gradient, one micro-batch-sized chunk at a
   # time (the same shapes as the gradient pass, so on-policy ratios are 1).
-  def no_grad(chunk):
-    out = _forward(state.params, state.critic_params, chunk, config=c.model,
+  def no_grad(chunk_and_mask):
+    chunk, chunk_mask = chunk_and_mask
+    out = _forward(state.params, state.critic_params, chunk, chunk_mask, config=c.model,
                    temperature=c.temperature)
     res = {"old": out.logprobs, "entropy": out.entropy}
     if has_critic:
       res["values"] = out.values
     if has_ref:
-      res["ref"] = _logprobs.token_logprobs(
-          state.ref_params, chunk, config=c.model,
-          temperature=c.temperature).logprobs
+      h_ref, _ = models.hidden_states(state.ref_params, chunk,
+                                      _logprobs.default_positions(chunk), config=c.model)
+      res["ref"] = _logprobs.logprobs_from_hidden(
+          state.ref_params, h_ref, chunk, config=c.model, temperature=c.temperature,
+          with_entropy=False, mask=chunk_mask).logprobs
     return res
 
   from_sampler = c.old_logprobs == "sampler"
@@ -320,8 +331,8 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
   metrics = {}
   pre = None  # skipped when nothing needs the no-grad forward
   if not from_sampler or has_critic or has_ref:
-    pre = jax.lax.stop_gradient(_merge(jax.lax.map(no_grad,
-                                                   _split(tokens, m_mb * k_mb))))
+    pre = jax.lax.stop_gradient(_merge(jax.lax.map(
+        no_grad, (_split(tokens, m_mb * k_mb), _split(mask0, m_mb * k_mb)))))
     metrics["actor/entropy"] = _masked_mean(pre["entropy"], mask0)
   batch = batch.replace(old_logprobs=jnp.asarray(batch.sampler_logprobs, jnp.float32)
                         if from_sampler else pre["old"])
@@ -351,7 +362,7 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
 
   def micro_loss(trainable, micro):
     params, critic_params = trainable
-    out = _forward(params, critic_params, micro.tokens, config=c.model,
+    out = _forward(params, critic_params, micro.tokens, micro.loss_mask, config=c.model,
                    temperature=c.temperature)
     loss = objective.loss(out, micro)
     if pre is None:  # the entropy diagnostic, from this forward instead
@@ -465,7 +476,11 @@ def _sft_step(state: _state.TrainState, batch: transforms.Batch, *,
 
   def micro_loss(trainable, mb):
     params, _ = trainable
-    lp = _logprobs.token_logprobs(params, mb.tokens, config=c.model)
+    h, _ = models.hidden_states(params, mb.tokens, _logprobs.default_positions(mb.tokens),
+                                config=c.model)
+    lp = _logprobs.logprobs_from_hidden(params, h, mb.tokens, config=c.model,
+                                        temperature=1.0, with_entropy=False,
+                                        mask=mb.loss_mask)  # the positions nll_loss reads
     out = nll_loss(transforms.ModelOutputs(lp.logprobs), mb)
     return out.loss_sum, out.metrics
 

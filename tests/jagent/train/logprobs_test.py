@@ -1,5 +1,7 @@
 """token_logprobs: hand-computed values, alignment, and agreement with the sampler."""
 
+from unittest import mock
+
 from absl.testing import absltest
 import chex
 import jax
@@ -8,6 +10,7 @@ import numpy as np
 
 from jagent import models
 from jagent import train
+from jagent.train import _logprobs
 
 TINY = models.get_config("tiny")
 
@@ -88,6 +91,47 @@ class TokenLogprobsTest(chex.TestCase):
     lp1 = train.token_logprobs(params, full, config=TINY, temperature=1.0)
     self.assertGreater(
         np.max(np.abs(np.asarray(lp1.logprobs[:, p:] - out.logprobs))), 1e-3)
+
+  def test_masked_projection_equals_full_at_the_mask(self):
+    # logprobs_from_hidden(mask=...) computes only the masked positions, in
+    # chunks (4 rows here, so 30 positions make 8 chunks and most are
+    # skipped): values, entropies and parameter/hidden gradients of a masked
+    # loss equal the full projection's; other positions are 0.
+    cfg = TINY.replace(vocab_size=64, embed_dim=32, num_layers=1, mlp_dim=64,
+                       head_dim=8, tie_embeddings=False)
+    params = models.init(cfg, jax.random.key(0))
+    b, s = 3, 11
+    tokens = jax.random.randint(jax.random.key(1), (b, s), 0, 64)
+    h = jax.random.normal(jax.random.key(2), (b, s, cfg.embed_dim))
+    mask = np.zeros((b, s), np.float32)
+    mask[0, 3:6] = 1.0
+    mask[2, 9:] = 1.0
+    mask[1, 0] = 1.0  # position 0 predicts nothing: stays 0 either way
+    w = jax.random.normal(jax.random.key(3), (b, s))
+
+    def loss(params, h, masked):
+      out = _logprobs.logprobs_from_hidden(
+          params, h, tokens, config=cfg, temperature=0.8, with_entropy=True,
+          mask=mask if masked else None)
+      return jnp.sum((out.logprobs * w + out.entropy) * mask), out
+
+    with mock.patch.object(_logprobs, "_MASKED_CHUNK", 4):
+      (l_m, out_m), g_m = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
+          params, h, True)
+      batched = jax.vmap(lambda hh: loss(params, hh, True)[1].logprobs)(
+          jnp.stack([h, 2 * h]))
+    (l_f, out_f), g_f = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
+        params, h, False)
+    on = mask != 0
+    on[:, 0] = False
+    for got, want in ((out_m.logprobs, out_f.logprobs), (out_m.entropy, out_f.entropy)):
+      np.testing.assert_allclose(np.asarray(got)[on], np.asarray(want)[on], atol=1e-5)
+      np.testing.assert_array_equal(np.asarray(got)[~on], 0.0)
+    np.testing.assert_allclose(l_m, l_f, rtol=1e-5)
+    for x, y in zip(jax.tree.leaves(g_m), jax.tree.leaves(g_f)):
+      np.testing.assert_allclose(x, y, atol=1e-5)
+    self.assertGreater(float(jnp.max(jnp.abs(g_m[0].lm_head))), 1e-3)
+    np.testing.assert_allclose(np.asarray(batched[0]), np.asarray(out_m.logprobs), atol=1e-6)
 
   def test_bad_input_raises(self):
     params = models.init(TINY, jax.random.key(0))
