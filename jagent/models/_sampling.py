@@ -107,6 +107,13 @@ def _categorical(key: jax.Array, logits: jax.Array, block: int = 128) -> jax.Arr
   return _categorical_weights(key, jax.nn.softmax(logits.astype(jnp.float32), axis=-1), block)
 
 
+def _cumsum(x: jax.Array) -> jax.Array:
+  """Cumulative sum over the last axis of float32 [B, n] (n small), as a matmul."""
+  n = x.shape[-1]
+  return jnp.dot(x, jnp.asarray(np.triu(np.ones((n, n), np.float32))),
+                 precision=jax.lax.Precision.HIGHEST)
+
+
 def _categorical_weights(key: jax.Array, probs: jax.Array, block: int = 128) -> jax.Array:
   """int32 [B]: one draw per row with probabilities proportional to ``probs``.
 
@@ -115,20 +122,22 @@ def _categorical_weights(key: jax.Array, probs: jax.Array, block: int = 128) -> 
   per row (``jax.random.categorical`` draws B x V Gumbel variates, which
   dominated decode time at V = 8k on CPU), located in two levels: first the
   block of ``block`` ids whose cumulative mass crosses it, then the id inside
-  that block (XLA's CPU cumsum over a long axis is slow). Zero entries are
-  never drawn.
+  that block (XLA's CPU cumsum over a long axis is slow). Both cumulative
+  sums are products with an upper-triangular matrix of ones: XLA:CPU lowers
+  ``cumsum`` to a ``reduce_window`` that took ~0.3 ms per call at [64, 128].
+  Zero entries are never drawn.
   """
   b, v = probs.shape
   pad = (-v) % block
   blocks = jnp.pad(probs, ((0, 0), (0, pad))).reshape(b, -1, block)  # [B, nb, bs]
   nb = blocks.shape[1]
   mass = jnp.sum(blocks, axis=-1)  # [B, nb]
-  cdf = jnp.cumsum(mass, axis=-1)
+  cdf = _cumsum(mass)
   u = jax.random.uniform(key, (b, 1), jnp.float32) * cdf[:, -1:]
   blk = jnp.minimum(jnp.sum((cdf <= u).astype(jnp.int32), axis=-1), nb - 1)  # [B]
   before = jnp.take_along_axis(cdf - mass, blk[:, None], axis=-1)  # [B, 1]
   inner = jnp.take_along_axis(blocks, blk[:, None, None], axis=1)[:, 0]  # [B, bs]
-  icdf = jnp.cumsum(inner, axis=-1)
+  icdf = _cumsum(inner)
   j = jnp.sum((icdf <= u - before).astype(jnp.int32), axis=-1)
   # Rounding could point past the block's last nonzero entry: clamp onto it.
   last = jnp.max(jnp.where(inner > 0, jnp.arange(block)[None, :], 0), axis=-1)
