@@ -189,21 +189,57 @@ def sample_logits(logits: jax.Array, key: jax.Array, sampling: SamplingConfig
   weights = jnp.exp(shifted)  # unnormalized tempered probabilities
   log_z = jnp.log(jnp.sum(weights, axis=-1))
   v = logits.shape[-1]
-  k = min(sampling.top_k, v) if sampling.top_k else (v if sampling.top_p < 1 else 0)
-  if k == 0:  # plain tempered sampling
+  lp_of = lambda tok: _pick(shifted, tok) - log_z  # noqa: E731
+  if not sampling.top_k and sampling.top_p == 1:  # plain tempered sampling
     tok = _categorical_weights(key, weights)
-    lp = _pick(shifted, tok) - log_z
-    return tok, lp, lp
+    return tok, lp_of(tok), lp_of(tok)
+  if sampling.top_k:
+    tok, slp = _truncated(key, scaled, min(sampling.top_k, v), sampling.top_p, None)
+  elif v <= _NUCLEUS_PREFIX:
+    tok, slp = _truncated(key, scaled, v, sampling.top_p, log_z)
+  else:
+    # Nucleus alone: sort only the _NUCLEUS_PREFIX most likely ids when the
+    # nucleus of every row lies among them (a trained policy's usually
+    # does); otherwise the whole vocabulary (a full sort of [64, 8k] took
+    # ~140 ms on XLA:CPU, the prefix ~2.5 ms). Same kept set either way.
+    head = jnp.exp(jax.lax.top_k(shifted, _NUCLEUS_PREFIX)[0] - log_z[:, None])
+    fits = jnp.all(jnp.sum(head, axis=-1) >= sampling.top_p)
+    tok, slp = jax.lax.cond(
+        fits, lambda: _truncated(key, scaled, _NUCLEUS_PREFIX, sampling.top_p, log_z),
+        lambda: _truncated(key, scaled, v, sampling.top_p, log_z))
+  return tok, lp_of(tok), slp
+
+
+# Ids sorted first when only top-p truncates (see sample_logits).
+_NUCLEUS_PREFIX = 64
+
+
+def _truncated(key, scaled, k, top_p, log_z):
+  """Draws from the top-``k`` ids of ``scaled`` [B, V], then the top-p nucleus.
+
+  Args:
+    key: PRNG key.
+    scaled: float32 [B, V] tempered logits.
+    k: ids kept by top-k (static).
+    top_p: nucleus mass (1 = off), of the top-k distribution renormalized.
+    log_z: None (renormalize over the top k), or float32 [B] ``log sum exp``
+      of ``scaled - max(scaled)``: the nucleus of the whole distribution,
+      of which the top k must hold it.
+
+  Returns:
+    ``(tokens int32 [B], sampling log-probs float32 [B])``.
+  """
   vals, idx = jax.lax.top_k(scaled, k)  # [B, k], descending
-  if sampling.top_p < 1:
-    probs = jax.nn.softmax(vals, axis=-1)
+  if top_p < 1:
+    if log_z is None:
+      probs = jax.nn.softmax(vals, axis=-1)
+    else:
+      probs = jnp.exp(vals - jnp.max(scaled, axis=-1, keepdims=True) - log_z[:, None])
     mass_before = jnp.cumsum(probs, axis=-1) - probs
-    vals = jnp.where(mass_before < sampling.top_p, vals, -jnp.inf)
+    vals = jnp.where(mass_before < top_p, vals, -jnp.inf)
   choice = _categorical(key, vals)
   tok = jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
-  slp = _pick(jax.nn.log_softmax(vals), choice)
-  lp = _pick(shifted, tok) - log_z
-  return tok, lp, slp
+  return tok, _pick(jax.nn.log_softmax(vals), choice)
 
 
 def _stops(gen, n, tok, sampling: SamplingConfig):

@@ -215,6 +215,29 @@ class SamplingTest(parameterized.TestCase):
     self.assertTrue(np.all(np.abs(counts / n - q) <= 5 * sd + 1e-12),
                     f"{counts / n} vs {q}")
 
+  @parameterized.named_parameters(("nucleus_in_prefix", 6.0), ("nucleus_past_prefix", 0.3))
+  def test_top_p_over_a_large_vocabulary(self, spread):
+    # V = 100 > the 64 ids sorted first: a peaked distribution's nucleus lies
+    # among them, a flat one's (~75 ids) does not (the whole vocabulary is
+    # sorted); frequencies follow the nucleus either way.
+    logits = jnp.asarray(np.random.default_rng(5).normal(size=100) * spread, jnp.float32)
+    sp = models.SamplingConfig(temperature=1.0, top_p=0.8)
+    n = 20_000
+    draw = jax.jit(jax.vmap(lambda k: models.sample_logits(logits[None], k, sp)[0][0]))
+    counts = np.bincount(np.asarray(draw(jax.random.split(jax.random.key(2), n))),
+                         minlength=100)
+    p = np.exp(np.asarray(logits, np.float64) - np.max(logits))
+    p /= p.sum()
+    order = np.argsort(-p, kind="stable")
+    before = np.cumsum(p[order]) - p[order]
+    keep = np.zeros(100, bool)
+    keep[order[before < 0.8]] = True
+    self.assertEqual(keep.sum() <= 64, spread > 1)  # which path the case takes
+    q = np.where(keep, p, 0) / np.sum(p[keep])
+    sd = np.sqrt(q * (1 - q) / n)
+    np.testing.assert_array_equal(counts[~keep], 0)
+    self.assertTrue(np.all(np.abs(counts / n - q) <= 5 * sd + 1e-12))
+
   @parameterized.parameters(
       ("temperature", 0.0), ("top_p", 0.0), ("top_k", -1), ("max_new_tokens", 0),
       ("stop_sequences", ((),)),
