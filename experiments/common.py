@@ -509,16 +509,19 @@ class Experiment:
   def rl_state_target(self):
     """A restore target of the RL TrainState (``Checkpointer.restore``).
 
-    On a mesh: ``jax.ShapeDtypeStruct`` leaves carrying the mesh shardings
-    (nothing is allocated or loaded; a checkpoint written on any mesh, or
-    on one device, restores onto this run's). Without one: a fresh state
-    (today's behaviour).
+    ``jax.ShapeDtypeStruct`` leaves carrying this run's shardings: the mesh's
+    (``train_state_shardings``) or, without a mesh, the default device's.
+    Nothing is allocated or loaded, and a checkpoint written on any mesh or
+    device count restores onto this run's (orbax refuses a target without
+    shardings when the checkpoint's topology differs: "Topology mismatch").
     """
-    if self.mesh is None:
-      return self.rl_state(self.init_params())
     abstract = jax.eval_shape(
         lambda k: self.rl_state(models.init(self.model_config, k)), jax.random.key(0))
-    shardings = self.state_shardings(abstract)
+    if self.mesh is None:
+      one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+      shardings = jax.tree.map(lambda _: one, abstract)
+    else:
+      shardings = self.state_shardings(abstract)
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         abstract, shardings)
 

@@ -157,8 +157,7 @@ def evaluate_run(workdir: str, *, env: str | None = None, num_levels: int | None
     if step is None:
       raise ValueError(f"no checkpoint in {ckpt.directory}: the run in {workdir!r} has not "
                        "saved one yet (experiments.train saves after SFT).")
-    target = jax.eval_shape(lambda: exp.rl_state(exp.init_params()))
-    state, _ = ckpt.restore(target, step)
+    state, _ = ckpt.restore(exp.rl_state_target(), step)  # from any mesh
   finally:
     ckpt.close()
 

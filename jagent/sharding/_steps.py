@@ -114,7 +114,8 @@ def shard_train_step(objective: transforms.Objective, config: _state.TrainConfig
       ``data x fsdp`` or ``train_step``'s own batch errors.
   """
   def step(state, batch):
-    return _step._train_step(state, batch, objective=objective, config=config)  # pylint: disable=protected-access
+    return _step._train_step(  # pylint: disable=protected-access
+        state, batch, objective=objective, config=config)
 
   return _batch_step(step, mesh, state_shardings)
 

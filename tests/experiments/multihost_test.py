@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from experiments import common
+from experiments import eval as eval_job
 from experiments.configs import tiny
 from jagent import train as jtrain
 
@@ -91,11 +92,10 @@ def _restore(workdir, mesh, step=_STEPS):
   return exp, steps, state
 
 
-def _stdout(text):
-  """A process's stdout without gloo's connection messages (threads interleave them)."""
-  text = re.sub(r"\d+ is connected to \d+ peer ranks\. Expected number of connected peer "
-                r"ranks is : \d+", "", text.replace("[Gloo] Rank ", ""))
-  return text.strip()
+def _summary(stdout):
+  """The summary JSON a process printed (gloo's C++ messages interleave), or None."""
+  found = re.search(r"^\{\n  \"env\".*?^\}$", stdout, re.DOTALL | re.MULTILINE)
+  return None if found is None else json.loads(found.group(0))
 
 
 class MultiProcessTest(absltest.TestCase):
@@ -142,9 +142,10 @@ class MultiProcessTest(absltest.TestCase):
     super().tearDownClass()
 
   def test_only_process_0_writes(self):
-    summary = json.loads(_stdout(self.outputs[0][0]))
+    summary = _summary(self.outputs[0][0])
+    self.assertIsNotNone(summary, self.outputs[0][0][-3000:])
     self.assertEqual(summary["steps"], _STEPS)
-    self.assertEqual(_stdout(self.outputs[1][0]), "")  # process 1 prints nothing
+    self.assertIsNone(_summary(self.outputs[1][0]))  # process 1 prints no summary
     with open(os.path.join(self.workdir, "eval_summary.json")) as f:
       self.assertEqual(json.load(f)["rl"], summary["rl"])
     self.assertEqual(summary["rl"]["num_levels"], 4)
@@ -202,6 +203,16 @@ class MultiProcessTest(absltest.TestCase):
         self.assertEqual(wq.sharding.spec, jax.P("fsdp", "tensor"))
       else:
         self.assertLen(wq.sharding.device_set, 1)
+
+  def test_eval_entry_point_on_one_device(self):
+    # experiments.eval restores the data:4 checkpoint on one device and plays
+    # the run's final evaluation again (same levels and keys).
+    out = eval_job.evaluate_run(self.workdir, output=os.path.join(self.root, "eval.json"))
+    self.assertEqual(out["checkpoint_step"], _STEPS)
+    with open(os.path.join(self.workdir, "eval_summary.json")) as f:
+      final = json.load(f)["rl"]
+    for k in ("success", "score", "turns", "format_valid_frac"):
+      np.testing.assert_allclose(out[k], final[k], rtol=1e-5, err_msg=k)
 
 
 class MeshConfigTest(absltest.TestCase):
