@@ -112,8 +112,12 @@ def validate(config, num_devices: int | None = None) -> None:
             "max_actions_per_traj"):
     if not isinstance(r[f], int) or r[f] < 1:
       raise _bad(f"rollout.{f}", r[f], "must be an int >= 1")
-  if config.rl.num_minibatches < 1:
-    raise _bad("rl.num_minibatches", config.rl.num_minibatches, "must be >= 1")
+  if not isinstance(config.rl.num_minibatches, int) or config.rl.num_minibatches < 1:
+    raise _bad("rl.num_minibatches", config.rl.num_minibatches, "must be an int >= 1")
+  micro = config.rl.get("num_microbatches", 1)
+  if not isinstance(micro, int) or (micro < 1 and micro != -1):
+    raise _bad("rl.num_microbatches", micro,
+               "must be an int >= 1, or -1 (one row per device in each micro-batch)")
   if config.rl.filter_mode not in _filters.FILTER_MODES:
     raise _bad("rl.filter_mode", config.rl.filter_mode, f"unknown; known: {_filters.FILTER_MODES}")
   if config.rl.old_logprobs not in train.OLD_LOGPROBS:
@@ -135,6 +139,10 @@ def validate(config, num_devices: int | None = None) -> None:
   if rows % config.rl.num_minibatches:
     raise _bad("rl.num_minibatches", config.rl.num_minibatches,
                f"does not divide the {rows} trained rows per step (kept groups x group_size)")
+  if micro > 0 and (rows // config.rl.num_minibatches) % micro:
+    raise _bad("rl.num_microbatches", config.rl.num_microbatches,
+               f"does not divide the {rows // config.rl.num_minibatches} rows of a minibatch "
+               f"({rows} trained rows / rl.num_minibatches={config.rl.num_minibatches})")
   # config.sft.expert is make_expert's policy (absent in runs saved before it).
   if config.sft.get("expert", "solver") not in rollout.EXPERT_POLICIES:
     raise _bad("sft.expert", config.sft.expert, f"unknown; known: {rollout.EXPERT_POLICIES}")
@@ -177,6 +185,12 @@ def _validate_mesh(config, num_devices: int | None) -> None:
           ("eval.num_groups", config.eval.num_groups)]
   if config.sft.steps:
     rows.append(("sft.batch_size", config.sft.batch_size))
+  if config.rl.get("num_microbatches", 1) == -1:
+    kept = r.num_groups
+    if config.rl.filter_mode in ("top_fraction", "top_k"):
+      kept = _rl.num_kept_groups(r.num_groups, config.rl.filter_mode, config.rl.filter_value)
+    rows.append(("a minibatch (rl.num_microbatches=-1: one row per device)",
+                 kept * r.group_size // config.rl.num_minibatches))
   for name, b in rows:
     if b % n:
       raise _bad("mesh", spec, f"splits batch rows data x fsdp = {n} ways, which does not "
@@ -220,6 +234,8 @@ class Experiment:
       self.model_config = models.read_hf_config(c.model_dir)
     else:
       self.model_config = models.get_config(c.model)
+    if c.get("remat", False):  # absent in runs saved before the field
+      self.model_config = self.model_config.replace(remat=True)
     r = c.rollout
     self.rollout_config = rollout.RolloutConfig(
         num_groups=r.num_groups, group_size=r.group_size, max_turns=r.max_turns,
@@ -242,7 +258,14 @@ class Experiment:
         kwargs.update(filter_mode=c.rl.filter_mode, filter_value=c.rl.filter_value)
     self.objective = transforms.make(c.algorithm, **kwargs)
     self.needs = train.objective_needs(c.algorithm, **dict(c.algorithm_kwargs))
+    # config.mesh (validated above): None runs on the default device as before.
+    spec = c.get("mesh", "")
+    self.mesh = sharding.make_mesh(spec, devices) if spec else None
     rl = c.rl
+    minibatch_rows = self.num_keep * r.group_size // rl.num_minibatches
+    micro = rl.get("num_microbatches", 1)
+    if micro == -1:  # one row per device (data x fsdp) in each micro-batch
+      micro = minibatch_rows // (1 if self.mesh is None else sharding.rows_size(self.mesh))
     self.train_config = train.TrainConfig(
         model=self.model_config,
         actor_optimizer=train.OptimizerConfig(
@@ -254,12 +277,9 @@ class Experiment:
             learning_rate=rl.critic_learning_rate, weight_decay=rl.weight_decay,
             max_grad_norm=rl.max_grad_norm),
         temperature=r.temperature, ppo_epochs=rl.ppo_epochs, num_minibatches=rl.num_minibatches,
-        old_logprobs=rl.old_logprobs)
+        num_microbatches=micro, old_logprobs=rl.old_logprobs)
     self.eval_keys = jax.random.split(jax.random.key(c.eval.seed), c.eval.num_levels)
     self._signature = None
-    # config.mesh (validated above): None runs on the default device as before.
-    spec = c.get("mesh", "")
-    self.mesh = sharding.make_mesh(spec, devices) if spec else None
     # Sharded programs are shared only by Experiments on the same devices.
     self._devices_key = None if self.mesh is None else (
         tuple(self.mesh.shape.values()), tuple(d.id for d in self.mesh.devices.flat))

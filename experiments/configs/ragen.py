@@ -38,6 +38,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model = "qwen2.5-0.5b"  # the architecture; weights from model_dir
   c.model_dir = ""  # REQUIRED: a Hugging Face directory (Qwen2.5-0.5B-Instruct)
   c.tokenizer = ""  # the model_dir's tokenizer.json and chat template
+  # Per-block rematerialization: the update keeps each block's input, not its
+  # H x S x S attention scores (~2 GiB per row per layer at 2,904 tokens).
+  c.remat = True
   # One device by default; e.g. "data:8" on 8 chips (the 128 rollout rows and
   # the eval's 64 split 8 ways), "fsdp:-1" to shard the weights and Adam
   # moments too (see the memory table in the launch notes).
@@ -57,7 +60,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       steps=200, learning_rate=1e-6, warmup_steps=0, decay="constant",
       critic_learning_rate=1e-5, critic="model", weight_decay=0.01, max_grad_norm=1.0,
       filter_value=filter_value, include_zero=True, num_minibatches=max(1, rows // 32),
-      ppo_epochs=1, old_logprobs="recompute"))
+      # Each minibatch in micro-batches of one row per device (data x fsdp):
+      # a 2,904-token row needs ~69 GiB of float32 activations on one chip.
+      num_microbatches=-1, ppo_epochs=1, old_logprobs="recompute"))
   c.eval.update(dict(num_levels=256, seed=123, every=10, num_groups=64))
   c.checkpoint.update(dict(every=10, keep=3))
   return c

@@ -60,6 +60,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model = "micro"
   c.tokenizer = "tiny"  # or a Hugging Face model directory
   c.model_dir = ""  # a Hugging Face checkpoint directory (empty: random init)
+  # Rematerialize each decoder block in the backward pass (ModelConfig.remat):
+  # less activation memory for ~1 more forward of compute; off for tiny models.
+  c.remat = False
   # Devices: "" runs on one device; a jagent.sharding.make_mesh spec ("data:8",
   # "data:2,fsdp:2,tensor:2", "fsdp:-1") spreads the run over every device jax
   # sees (all processes' with --distributed); rows over data x fsdp.
@@ -100,6 +103,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl = ml_collections.ConfigDict(dict(
       steps=150, learning_rate=3e-5, warmup_steps=10, decay="linear",
       critic_learning_rate=1e-3, critic="head", num_minibatches=1, ppo_epochs=1,
+      # Gradient accumulation: each minibatch's forward/backward in this many
+      # chunks of rows (exact; bounds the activation memory, not the result).
+      num_microbatches=1,
       filter_mode="top_fraction", filter_value=0.5 if starpo_s else 1.0,
       include_zero=not starpo_s,
       max_grad_norm=1.0, weight_decay=0.0,

@@ -48,6 +48,12 @@ class ModelConfig:
     max_position: the largest supported position (HF
       ``max_position_embeddings``); informational, not enforced on device.
     dtype: activation dtype name ("float32", "bfloat16", "float16").
+    remat: rematerialize each decoder block in the backward pass
+      (``jax.checkpoint`` around the block of a forward without a KV cache):
+      training keeps only the blocks' inputs ``[B, S, D]`` instead of every
+      block's activations (the ``H x S x S`` attention scores, the MLP's
+      ``S x F``), for about one more forward pass of compute. Values and
+      gradients are unchanged; sampling (with a cache) is unaffected.
     param_dtype: parameter dtype name.
     bos_id, eos_id, pad_id: special token ids (None when the family has none);
       ``pad_id`` is what the sampler writes after a row stops.
@@ -76,6 +82,7 @@ class ModelConfig:
   max_position: int = 4096
   dtype: str = "float32"
   param_dtype: str = "float32"
+  remat: bool = False
   bos_id: int | None = None
   eos_id: int | None = None
   pad_id: int = 0

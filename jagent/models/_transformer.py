@@ -449,9 +449,8 @@ def hidden_states(
     n = jnp.full((b,), t, jnp.int32) if num_tokens is None else jnp.asarray(num_tokens, jnp.int32)
     # Slots any used query reads: rows with no valid token read none.
     needed = jnp.clip(jnp.max(jnp.where(n > 0, cache.lengths + n, 0)), 1, cache.max_length)
-  new_k, new_v = [], []
-
-  for i, lp in enumerate(params.layers):
+  def layer(x, lp, cos, sin, k_cache, v_cache):
+    """One pre-norm decoder block; with a cache also its updated K/V."""
     h_btd = _rms_norm(x, lp.attn_norm, c.norm_eps)
     q = _dense(h_btd, lp.wq.astype(dt))  # [B, T, N, Dh]
     k = _dense(h_btd, lp.wk.astype(dt))  # [B, T, K, Dh]
@@ -465,12 +464,11 @@ def hidden_states(
     q = q.reshape(b, t, c.num_kv_heads, g, c.head_dim)
     if cache is None:
       o = _causal_attention(q, k, v, mask, dt)
+      k_all = v_all = None
     else:
       # Advanced indices on two axes put them first: updates are [B, T, K, Dh].
-      k_all = cache.k[i].at[rows, :, :, slots].set(k.astype(cache.k[i].dtype), mode="drop")
-      v_all = cache.v[i].at[rows, :, slots, :].set(v.astype(cache.v[i].dtype), mode="drop")
-      new_k.append(k_all)
-      new_v.append(v_all)
+      k_all = k_cache.at[rows, :, :, slots].set(k.astype(k_cache.dtype), mode="drop")
+      v_all = v_cache.at[rows, :, slots, :].set(v.astype(v_cache.dtype), mode="drop")
       o = _cached_attention(q, k_all.astype(dt), v_all.astype(dt), slots, needed, dt)
     o = o.reshape(b, t, c.num_heads, c.head_dim)
     x = x + _dense(o.reshape(b, t, c.num_heads * c.head_dim),
@@ -478,7 +476,17 @@ def hidden_states(
     h_btd = _rms_norm(x, lp.mlp_norm, c.norm_eps)
     gate = _dense(h_btd, lp.w_gate.astype(dt))
     up = _dense(h_btd, lp.w_up.astype(dt))
-    x = x + _dense(jax.nn.silu(gate) * up, lp.w_down.astype(dt))
+    return x + _dense(jax.nn.silu(gate) * up, lp.w_down.astype(dt)), k_all, v_all
+
+  # config.remat: a backward pass keeps only each block's input and recomputes
+  # the block (no cache: the training forward).
+  block = jax.checkpoint(layer) if c.remat and cache is None else layer
+  new_k, new_v = [], []
+  for i, lp in enumerate(params.layers):
+    x, k_all, v_all = block(x, lp, cos, sin, None if cache is None else cache.k[i],
+                            None if cache is None else cache.v[i])
+    new_k.append(k_all)
+    new_v.append(v_all)
 
   x = _rms_norm(x, params.final_norm, c.norm_eps)
   if cache is None:

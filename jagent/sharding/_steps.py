@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jagent import models
@@ -151,19 +150,6 @@ def shard_sft_step(config: _state.TrainConfig, mesh: jax.sharding.Mesh,
   return _batch_step(step, mesh, state_shardings)
 
 
-def _iteration_metrics(traj, kept, filter_metrics, train_metrics) -> dict[str, Array]:
-  """:func:`jagent.train.rl_iteration`'s metrics (same keys, same formulas;
-  tests/jagent/sharding_test.py checks them against it)."""
-  f32 = lambda x: jnp.asarray(x, jnp.float32)  # pylint: disable=unnecessary-lambda-assignment
-  metrics = {f"rollout/{k}": v for k, v in traj.metrics().items()}
-  metrics["rollout/sampled_tokens"] = jnp.sum(f32(traj.loss_mask))
-  metrics["rollout/env_turns"] = jnp.sum(f32(traj.num_turns))
-  metrics["train/context_tokens"] = jnp.float32(np.prod(kept.tokens.shape))
-  metrics.update(filter_metrics)
-  metrics.update(train_metrics)
-  return {k: f32(v).reshape(()) for k, v in metrics.items()}
-
-
 def shard_rl_iteration(rollout_fn: Callable[..., _trajectory.Trajectory],
                        objective: transforms.Objective, config: _state.TrainConfig,
                        mesh: jax.sharding.Mesh, state_shardings: _state.TrainState, *,
@@ -181,9 +167,8 @@ def shard_rl_iteration(rollout_fn: Callable[..., _trajectory.Trajectory],
   into the sampling loop, so each device generates only its rows), and so
   are the kept rows handed to the update when ``data x fsdp`` divides
   ``num_keep x G`` (the compaction's gather alone would leave them
-  replicated: every device would then train on every row). The stages and
-  metrics are :func:`jagent.train.rl_iteration`'s, composed of the same
-  functions (``compact_groups``, the train step); values equal the
+  replicated: every device would then train on every row): it is
+  :func:`jagent.train.rl_iteration` with that ``rows_constraint``. Values equal the
   single-device iteration up to float reassociation of the sharded
   reductions (sampled tokens are equal unless such a difference moves a
   logit across a sampling boundary). In a multi-process run every process
@@ -223,13 +208,10 @@ def shard_rl_iteration(rollout_fn: Callable[..., _trajectory.Trajectory],
     return jax.lax.with_sharding_constraint(tree, _rules.rows_shardings(tree, mesh))
 
   def iteration(state, key):
-    # jagent.train.rl_iteration, with the two row constraints.
-    traj = on_rows(rollout_fn(state.params, key))
-    kept, filter_metrics = _rl.compact_groups(traj, num_keep, mode=filter_mode,
-                                              value=filter_value, include_zero=include_zero)
-    state, train_metrics = _step._train_step(  # pylint: disable=protected-access
-        state, on_rows(kept.to_batch()), objective=objective, config=config)
-    return state, _iteration_metrics(traj, kept, filter_metrics, train_metrics)
+    return _rl.rl_iteration(state, key, rollout_fn=rollout_fn, objective=objective,
+                            config=config, num_keep=num_keep, filter_mode=filter_mode,
+                            filter_value=filter_value, include_zero=include_zero,
+                            rows_constraint=on_rows)
 
   jitted = jax.jit(iteration, in_shardings=(state_shardings, rep),
                    out_shardings=(state_shardings, rep), donate_argnums=0)

@@ -50,38 +50,45 @@ def default_positions(tokens: Array) -> Array:
   return jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32)[None], (b, s))
 
 
-# Positions per chunk of the masked output projection (see logprobs_from_hidden).
-_MASKED_CHUNK = 256
+# Positions per row in one chunk of the masked output projection (see
+# logprobs_from_hidden): a chunk projects [B, _MASKED_CHUNK, D] -> [B, _MASKED_CHUNK, V].
+_MASKED_CHUNK = 32
 
 
-def _head(params, h_nd, next_n, config, temperature, with_entropy):
-  """float32 ``(log-probs [N], entropies [N] or None)`` of tokens ``next_n``."""
-  z = _transformer.output_logits(params, h_nd, config)  # [N, V]
+def _head(params, h, nxt, config, temperature, with_entropy):
+  """float32 ``(log-probs [...], entropies [...] or None)`` of tokens ``nxt``."""
+  z = _transformer.output_logits(params, h, config)  # [..., V]
   if temperature != 1.0:
     z = z / jnp.float32(temperature)
   lse = jax.nn.logsumexp(z, axis=-1)
-  target = jnp.take_along_axis(z, next_n[..., None], axis=-1)[..., 0]
+  target = jnp.take_along_axis(z, nxt[..., None], axis=-1)[..., 0]
   return target - lse, losses.entropy_from_logits(z) if with_entropy else None
 
 
-def _masked_head(params, h_nd, next_n, selected_n, config, temperature, with_entropy):
+def _masked_head(params, h_bnd, next_bn, selected_bn, config, temperature, with_entropy):
   """:func:`_head` at the selected positions only (0 elsewhere).
 
-  The selected positions are gathered first (``jnp.nonzero``, in order) and
-  projected in chunks of ``_MASKED_CHUNK`` rows by a ``lax.scan`` whose body
-  skips (``lax.cond``) the chunks past the selected count, so the cost
-  follows the number of selected positions, not N; the chunk is
-  rematerialized in the backward pass, so no [N, V] residual is kept. Under
-  ``vmap`` the skipped chunks are computed too (same values).
+  Each row's selected positions are gathered first (``jnp.nonzero`` per row,
+  in order) and projected in chunks of ``_MASKED_CHUNK`` positions per row
+  by a ``lax.scan`` whose body skips (``lax.cond``) the chunks past the
+  largest per-row count, so the cost follows ``B x`` the most selected
+  positions of a row, not ``B x N``. The batch axis is never flattened, so a
+  batch sharded over rows stays sharded (each device projects its own
+  rows). The chunk is rematerialized in the backward pass, so no [B, N, V]
+  residual is kept. Under ``vmap`` the skipped chunks are computed too (same
+  values).
   """
-  n, d = h_nd.shape
+  b, n, d = h_bnd.shape
   chunk = min(_MASKED_CHUNK, n)
   num_chunks = -(-n // chunk)
-  count = jnp.sum(selected_n.astype(jnp.int32))
-  flat = jnp.nonzero(selected_n, size=num_chunks * chunk, fill_value=n)[0].astype(jnp.int32)
-  # Gathered before the scan (a closed-over h_nd would be saved per chunk).
-  h = jnp.take(h_nd, flat, axis=0, mode="fill", fill_value=0).reshape(num_chunks, chunk, d)
-  nxt = jnp.take(next_n, flat, axis=0, mode="fill", fill_value=0).reshape(num_chunks, chunk)
+  max_count = jnp.max(jnp.sum(selected_bn.astype(jnp.int32), axis=1))
+  idx = jax.vmap(lambda sel: jnp.nonzero(sel, size=num_chunks * chunk, fill_value=n)[0])(
+      selected_bn).astype(jnp.int32)  # [B, C * chunk]; n past the selected
+  # Gathered before the scan (a closed-over h_bnd would be saved per chunk).
+  h = jnp.take_along_axis(h_bnd, idx[..., None], axis=1, mode="fill", fill_value=0)
+  nxt = jnp.take_along_axis(next_bn, idx, axis=1, mode="fill", fill_value=0)
+  h = jnp.moveaxis(h.reshape(b, num_chunks, chunk, d), 1, 0)  # [C, B, chunk, D]
+  nxt = jnp.moveaxis(nxt.reshape(b, num_chunks, chunk), 1, 0)
 
   @jax.checkpoint
   def project(h, nxt):
@@ -95,13 +102,16 @@ def _masked_head(params, h_nd, next_n, selected_n, config, temperature, with_ent
 
   def body(_, xs):
     i, h, nxt = xs
-    return None, jax.lax.cond(i * chunk < count, project, skip, h, nxt)
+    return None, jax.lax.cond(i * chunk < max_count, project, skip, h, nxt)
 
   _, (lp, ent) = jax.lax.scan(body, None, (jnp.arange(num_chunks, dtype=jnp.int32), h, nxt))
-  # Index n (the fill past the selected positions) is dropped.
-  lp = jnp.zeros((n,), jnp.float32).at[flat].set(lp.reshape(-1), mode="drop")
-  ent = jnp.zeros((n,), jnp.float32).at[flat].set(ent.reshape(-1), mode="drop")
-  return lp, ent if with_entropy else None
+
+  def scatter(vals):  # [C, B, chunk] -> [B, N]; index n (the fill) is dropped
+    vals = jnp.moveaxis(vals, 0, 1).reshape(b, num_chunks * chunk)
+    return jax.vmap(lambda i, v: jnp.zeros((n,), jnp.float32).at[i].set(v, mode="drop"))(
+        idx, vals)
+
+  return scatter(lp), scatter(ent) if with_entropy else None
 
 
 def logprobs_from_hidden(params: models.Params, h_bsd: Array, tokens: Array, *,
@@ -117,8 +127,10 @@ def logprobs_from_hidden(params: models.Params, h_bsd: Array, tokens: Array, *,
 
   With ``mask``, only the positions ``s >= 1`` where ``mask[b, s] != 0`` are
   projected (the others are 0): what a loss over ``mask`` reads, at the
-  cost of those positions rather than all ``B x (S-1)`` (an RL batch trains
-  a few reply tokens per prompt-heavy row). The values there are those of
+  cost of ``B x`` the most masked positions of a row (rounded up to a chunk
+  of 32) rather than all ``B x (S-1)`` (an RL batch trains a few reply
+  tokens per prompt-heavy row); rows are never mixed, so a row-sharded batch
+  stays sharded. The values there are those of
   the full projection up to float rounding, and so are the gradients.
 
   Args:
@@ -138,12 +150,9 @@ def logprobs_from_hidden(params: models.Params, h_bsd: Array, tokens: Array, *,
     lp, entropy = _head(params, h_bsd[:, :-1], tokens[:, 1:], config, temperature,
                         with_entropy)
   else:
-    b, s, d = h_bsd.shape
-    lp, entropy = _masked_head(
-        params, h_bsd[:, :-1].reshape(b * (s - 1), d), tokens[:, 1:].reshape(-1),
-        (jnp.asarray(mask)[:, 1:] != 0).reshape(-1), config, temperature, with_entropy)
-    lp = lp.reshape(b, s - 1)
-    entropy = None if entropy is None else entropy.reshape(b, s - 1)
+    lp, entropy = _masked_head(params, h_bsd[:, :-1], tokens[:, 1:],
+                               jnp.asarray(mask)[:, 1:] != 0, config, temperature,
+                               with_entropy)
   logprobs = jnp.pad(lp, pad)
   if entropy is not None:
     entropy = jnp.pad(entropy, pad)

@@ -95,7 +95,8 @@ def compact_groups(traj: _trajectory.Trajectory, num_keep: int, *,
 def rl_iteration(state: _state.TrainState, key: jax.Array, *,
                  rollout_fn: Callable[..., _trajectory.Trajectory], objective: Any,
                  config: _state.TrainConfig, num_keep: int, filter_mode: str = "top_fraction",
-                 filter_value: float = 1.0, include_zero: bool = True
+                 filter_value: float = 1.0, include_zero: bool = True,
+                 rows_constraint: Callable[[Any], Any] | None = None
                  ) -> tuple[_state.TrainState, dict[str, jax.Array]]:
   """One RL iteration: rollout -> filter -> advantages -> updates, in one program.
 
@@ -126,6 +127,10 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
     filter_mode, filter_value, include_zero: the uncertainty filter (see
       :func:`jagent.losses.filter_groups`); a kept slot whose group the
       filter drops trains nothing.
+    rows_constraint: optional ``tree -> tree`` applied to the trajectory and
+      to the kept rows before the update (identity by default);
+      :func:`jagent.sharding.shard_rl_iteration` passes a sharding
+      constraint over rows.
 
   Returns:
     ``(state, metrics)``: the state after the update (``step + 1``) and a
@@ -144,11 +149,12 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
       divisible, missing batch fields).
   """
   _filters.check_filter_args(filter_mode, filter_value)
-  traj = rollout_fn(state.params, key)
+  on_rows = rows_constraint or (lambda tree: tree)
+  traj = on_rows(rollout_fn(state.params, key))
   kept, filter_metrics = compact_groups(traj, num_keep, mode=filter_mode, value=filter_value,
                                         include_zero=include_zero)
   state, train_metrics = _step._train_step(  # pylint: disable=protected-access
-      state, kept.to_batch(), objective=objective, config=config)
+      state, on_rows(kept.to_batch()), objective=objective, config=config)
   f32 = lambda x: jnp.asarray(x, jnp.float32)  # pylint: disable=unnecessary-lambda-assignment
   metrics = {f"rollout/{k}": v for k, v in traj.metrics().items()}
   metrics["rollout/sampled_tokens"] = jnp.sum(f32(traj.loss_mask))

@@ -55,7 +55,10 @@ class TrainConfig:
       in the loss passes, over the trained tokens).
     shuffle_minibatches: permute rows (with the state's rng) before each
       epoch's split into minibatches; False keeps batch order (verl's
-      ``shuffle: false`` default). Rows dropped by a rollout filter are
+      ``shuffle: false`` default). Minibatches and micro-batches take rows
+      strided, not contiguous: with ``M`` minibatches, minibatch ``m`` holds
+      rows ``m, m + M, m + 2M, ...`` (so rows sharded in blocks over devices
+      stay spread over all of them). Rows dropped by a rollout filter are
       masked, not removed: they still cost compute, and a minibatch with no
       trained token is skipped (no optimizer step, counted as empty). RAGEN
       removes filtered rows instead, so its kept rows fill fewer, full

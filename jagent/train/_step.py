@@ -144,14 +144,21 @@ def nll_loss(outputs: transforms.ModelOutputs,
 
 # ----------------------------------------------------------------- helpers
 def _split(tree: PyTree, n: int) -> PyTree:
-  """Leading axis ``B`` -> ``[n, B // n, ...]`` on every leaf."""
+  """Leading axis ``B`` -> ``[n, B // n, ...]``, strided: chunk ``i`` holds rows
+  ``i, i + n, i + 2n, ...``.
+
+  Strided rather than contiguous so that with rows sharded in contiguous
+  blocks over devices (``data x fsdp``), every minibatch and micro-batch
+  keeps rows on every device (a contiguous chunk would live on ``1/n`` of
+  them and the partitioner would gather it).
+  """
   return jax.tree.map(
-      lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), tree)
+      lambda x: jnp.swapaxes(x.reshape((x.shape[0] // n, n) + x.shape[1:]), 0, 1), tree)
 
 
 def _merge(tree: PyTree) -> PyTree:
   """Inverse of :func:`_split`."""
-  return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), tree)
+  return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape((-1,) + x.shape[2:]), tree)
 
 
 def _check_batch(batch: transforms.Batch, rows_divisor: int, what: str) -> None:

@@ -74,6 +74,13 @@ class RagenConfigsTest(parameterized.TestCase):
     # 5 turns of a ~100-token state prompt + 400-token replies: RAGEN's 3600.
     self.assertBetween(exp.context_size, 5 * 400, 3600)
     self.assertEqual(exp.rollout_config.batch_size, 128)
+    # rl.num_microbatches=-1: one row per device; 2 kept groups x 16 = one
+    # 32-row minibatch, so 32 micro-batches on one device.
+    self.assertEqual(c.rl.num_microbatches, -1)
+    self.assertEqual(exp.train_config.num_microbatches, 32)
+    self.assertTrue(exp.model_config.remat)
+    c.mesh = "data:8"
+    self.assertEqual(common.Experiment(c).train_config.num_microbatches, 4)  # 8 fake devices
 
 
 if __name__ == "__main__":

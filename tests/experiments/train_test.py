@@ -195,6 +195,9 @@ class TrainTest(absltest.TestCase):
         ("rollout.group_size", bad(rollout__group_size=0)),
         # 2 kept groups x 4 rows = 8 trained rows, not divisible by 3.
         ("rl.num_minibatches", bad(rl__num_minibatches=3)),
+        # 8 trained rows in 2 minibatches of 4: micro-batches of 4 / 3 rows.
+        ("rl.num_microbatches", bad(rl__num_minibatches=2, rl__num_microbatches=3)),
+        ("rl.num_microbatches", bad(rl__num_microbatches=0)),
         ("rl.filter_value", bad(rl__filter_mode="top_k", rl__filter_value=0)),
         ("rl.filter_value", bad(rl__filter_value=0.0)),
         ("rl.filter_mode", bad(rl__filter_mode="top_half")),

@@ -114,6 +114,27 @@ class TransformerTest(chex.TestCase):
     out = jax.vmap(lambda p: _full(p, self.tokens))(stacked)
     np.testing.assert_allclose(out[0], self.full, atol=1e-6)
 
+  def test_remat_keeps_values_and_gradients(self):
+    # config.remat wraps each block in jax.checkpoint: same logits and
+    # gradients (its memory saving is measured by experiments/benchmarks,
+    # see README "Scaling out").
+    cfg = CFG.replace(remat=True)
+
+    def loss(p, config):
+      lg = _full(p, self.tokens, config=config)
+      return -jnp.mean(jax.nn.log_softmax(lg)[..., 0])
+
+    np.testing.assert_allclose(_full(self.params, self.tokens, config=cfg), self.full,
+                               atol=1e-6)
+    g0 = jax.grad(loss)(self.params, CFG)
+    g1 = jax.grad(loss)(self.params, cfg)
+    chex.assert_trees_all_close(g1, g0, atol=1e-6)
+    def remat_blocks(config):  # jax.checkpoint's primitive prints as remat2
+      return str(jax.make_jaxpr(loss, static_argnums=1)(self.params, config)).count("remat2[")
+
+    self.assertEqual(remat_blocks(cfg), CFG.num_layers)  # one per block
+    self.assertEqual(remat_blocks(CFG), 0)
+
   def test_bfloat16_runs_close_to_float32(self):
     cfg = CFG.replace(dtype="bfloat16", param_dtype="bfloat16")
     p = jax.tree.map(lambda x: x.astype(jnp.bfloat16), self.params)

@@ -94,8 +94,8 @@ class TokenLogprobsTest(chex.TestCase):
 
   def test_masked_projection_equals_full_at_the_mask(self):
     # logprobs_from_hidden(mask=...) computes only the masked positions, in
-    # chunks (4 rows here, so 30 positions make 8 chunks and most are
-    # skipped): values, entropies and parameter/hidden gradients of a masked
+    # chunks (2 positions per row here, so 10 positions make 5 chunks: row
+    # 0's 3 positions fill 2, the last 3 are skipped): values, entropies and parameter/hidden gradients of a masked
     # loss equal the full projection's; other positions are 0.
     cfg = TINY.replace(vocab_size=64, embed_dim=32, num_layers=1, mlp_dim=64,
                        head_dim=8, tie_embeddings=False)
@@ -115,7 +115,7 @@ class TokenLogprobsTest(chex.TestCase):
           mask=mask if masked else None)
       return jnp.sum((out.logprobs * w + out.entropy) * mask), out
 
-    with mock.patch.object(_logprobs, "_MASKED_CHUNK", 4):
+    with mock.patch.object(_logprobs, "_MASKED_CHUNK", 2):
       (l_m, out_m), g_m = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
           params, h, True)
       batched = jax.vmap(lambda hh: loss(params, hh, True)[1].logprobs)(
