@@ -134,12 +134,16 @@ def run_configs(config, seeds: int = 1, sweep: str | None = None) -> tuple[str |
     without a sweep).
 
   Raises:
-    ValueError: a bad ``seeds`` or ``sweep`` (see :func:`parse_sweep`), or a
-      bad config (:func:`experiments.common.validate`, naming the field), all
+    ValueError: a bad ``seeds`` or ``sweep`` (see :func:`parse_sweep`), a
+      non-empty ``config.mesh``, or a bad config (:func:`experiments.common.validate`, naming the field), all
       before anything compiles.
   """
   if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
     raise ValueError(f"--seeds={seeds!r}: must be an int >= 1")
+  if config.get("mesh", ""):
+    raise ValueError(f"config.mesh={config.mesh!r}: a sweep runs its runs as one program on "
+                     "one device (vmapped); leave config.mesh empty (sharded sweeps are "
+                     "not supported)")
   field, values = parse_sweep(sweep, config)
   out = []
   for value in values:

@@ -164,6 +164,10 @@ class SweepSpecTest(absltest.TestCase):
         sweep.sweep(_config(), None, seeds=0)
       with self.assertRaisesRegex(ValueError, "--batching='pmap'"):
         sweep.sweep(_config(), None, batching="pmap")
+      meshed = _config()
+      meshed.mesh = "data:2"
+      with self.assertRaisesRegex(ValueError, r"config\.mesh='data:2'"):
+        sweep.sweep(meshed, None, seeds=2)
       bad = _config()
       bad.rollout.group_size = 0
       with self.assertRaisesRegex(ValueError, r"config\.rollout\.group_size="):
