@@ -1,0 +1,375 @@
+r"""Per-device memory of a run config on device meshes: persistent state + temporaries.
+
+    python -m experiments.benchmarks.memory \
+        --config=experiments/configs/ragen.py:Sokoban-6x6-1box-v0,starpo_s \
+        --config.tokenizer=tiny --config.prompt.chat_template=chatml \
+        [--meshes='data:1;data:8;fsdp:8'] [--layers=1,2] \
+        [--config.remat=False] [--config.rl.num_microbatches=1]
+
+``--meshes`` is a ``;``-separated list of ``jagent.sharding.make_mesh`` specs
+(quote it in a shell); inside one spec ``,`` joins axes, so
+``'data:1;data:2,fsdp:4'`` is two meshes, the second of 8 devices. Each mesh
+uses the first ``data x fsdp x tensor`` devices (a ``-1`` size: all of
+them). On CPU the devices are fake (``XLA_FLAGS=
+--xla_force_host_platform_device_count=8``, set here when absent). The
+defaults (the RAGEN StarPO-S config, ``data:1;data:8;fsdp:8``, layers 1 and
+2) give the README's per-device memory table.
+
+For every mesh (``experiments.common.Experiment`` with ``config.mesh``, so
+``rl.num_microbatches=-1`` resolves to one row per device and
+``config.remat`` applies):
+
+1. ``state``: the persistent ``TrainState`` bytes per device, exact:
+   ``jax.eval_shape`` of ``Experiment.rl_state`` and
+   ``jagent.sharding.train_state_shardings``, summing every leaf's
+   ``sharding.shard_shape(shape) x itemsize`` (policy, AdamW moments, critic,
+   reference, counters) at the config's layer count.
+2. Temporaries, per device (XLA's ``compiled.memory_analysis()
+   .temp_size_in_bytes`` of the SPMD-partitioned program), of
+   ``rollout``: the train rollout (``jagent.rollout.make_rollout``, parameters
+   by their logical axes, trajectory rows over ``data x fsdp``, as
+   ``jagent.sharding.shard_rollout``) and ``train``: the train step
+   (``jagent.train.train_step``, state donated, as
+   ``jagent.sharding.shard_train_step``) on the kept rows (``num_keep x
+   group_size`` rows of the context length). Both are jitted with explicit
+   shardings and compiled from abstract inputs (``jax.ShapeDtypeStruct`` with
+   shardings): nothing is allocated. They are compiled at each of
+   ``--layers`` (two layer counts ``a < b``) and extrapolated linearly to the
+   config's ``L`` layers, ``t(L) = t(a) + (L - a) (t(b) - t(a)) / (b - a)``:
+   the layers are unrolled, so every layer adds the same buffers. An empty
+   ``--layers`` compiles at ``L`` itself (exact, slow for big models).
+3. ``total``: state + the larger of the two temporaries (the two programs
+   run one after the other in an RL iteration), and the compile seconds of
+   the mesh's programs.
+
+XLA:CPU's buffer assignment stands in for GPU/TPU's (same HLO, different
+fusion and scheduling): read the temporaries as estimates (+-30%). Prints a
+header line, a Markdown table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import pathlib
+import time
+from typing import Any
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_force_host_platform_device_count=8").strip()
+
+from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from experiments import common  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jagent import models  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jagent import rollout  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jagent import sharding  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jagent import train  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+DEFAULT_CONFIG = (str(pathlib.Path(__file__).parent.parent / "configs" / "ragen.py")
+                  + ":Sokoban-6x6-1box-v0,starpo_s")
+DEFAULT_MESHES = "data:1;data:8;fsdp:8"
+DEFAULT_LAYERS = ("1", "2")
+STATE_FIELDS = ("params", "opt_state", "critic_params", "critic_opt_state", "ref_params")
+GiB = 2.0 ** 30
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS,
+                 argv: list[str] | None = None) -> flags.FlagValues:
+  """Defines ``--config``, ``--meshes`` and ``--layers`` on ``flag_values``.
+
+  Called by ``__main__`` on the global flags; a test passes its own
+  ``flags.FlagValues()`` (other modules define ``--config`` globally too)
+  and the ``argv`` it will parse (``config_flags`` reads the
+  ``--config.*`` overrides to define from it; default ``sys.argv``).
+  """
+  config_flags.DEFINE_config_file(
+      "config", DEFAULT_CONFIG,
+      "The run's config (experiments/configs/*.py[:arg]); its mesh is set per --meshes. "
+      "The RAGEN config needs --config.tokenizer=tiny --config.prompt.chat_template=chatml "
+      "without a model directory.", flag_values=flag_values, sys_argv=argv)
+  flags.DEFINE_string("meshes", DEFAULT_MESHES,
+                      "';'-separated make_mesh specs, e.g. 'data:1;data:8;data:2,fsdp:4'.",
+                      flag_values=flag_values)
+  flags.DEFINE_list("layers", list(DEFAULT_LAYERS),
+                    "Two layer counts a < b to compile at and extrapolate from; empty: "
+                    "compile at the config's own layer count.", flag_values=flag_values)
+  return flag_values
+
+
+def parse_meshes(spec: str, available: int) -> list[tuple[str, int]]:
+  """``--meshes`` as ``[(mesh spec, devices)]``, in the given order.
+
+  Args:
+    spec: ``;``-separated :func:`jagent.sharding.parse_mesh_spec` specs.
+    available: devices jax sees.
+
+  Returns:
+    each spec with its device count: the product of its sizes, or
+    ``available`` for a spec with a ``-1`` size.
+
+  Raises:
+    ValueError: an empty list or entry, a bad spec, or one needing more than
+      ``available`` devices.
+  """
+  entries = [s.strip() for s in spec.split(";")]
+  if not spec.strip() or any(not s for s in entries):
+    raise ValueError(f"--meshes={spec!r}: needs ';'-separated mesh specs like "
+                     "'data:1;data:8;fsdp:8' (no empty entry)")
+  out = []
+  for s in entries:
+    fits = []
+    for n in range(1, available + 1):
+      try:
+        sharding.parse_mesh_spec(s, n)
+        fits.append(n)
+      except ValueError:
+        pass
+    if not fits:
+      try:  # the spec's own error, or the device count
+        sharding.parse_mesh_spec(s, available)
+      except ValueError as e:
+        raise ValueError(f"--meshes={spec!r}: {e} (jax sees {available} devices, "
+                         f"{jax.default_backend()})") from None
+    out.append((s, max(fits)))
+  return out
+
+
+def parse_layers(values) -> tuple[int, ...]:
+  """``--layers`` as ``()`` or two ints ``(a, b)`` with ``1 <= a < b``.
+
+  Raises:
+    ValueError: anything else.
+  """
+  try:
+    out = tuple(int(v) for v in values)
+  except (TypeError, ValueError):
+    raise ValueError(f"--layers={','.join(map(str, values))}: must be ints") from None
+  if out and (len(out) != 2 or not 1 <= out[0] < out[1]):
+    raise ValueError(f"--layers={','.join(map(str, values))}: must be empty or two layer "
+                     "counts a < b, each >= 1")
+  return out
+
+
+def with_layers(exp: common.Experiment, num_layers: int) -> common.Experiment:
+  """A shallow copy of ``exp`` whose model (and train config's model) has ``num_layers``.
+
+  Everything else (mesh, micro-batches, remat, rollout, objective) is kept;
+  ``exp`` itself is not changed.
+  """
+  out = copy.copy(exp)
+  out.model_config = exp.model_config.replace(num_layers=num_layers)
+  out.train_config = dataclasses.replace(exp.train_config, model=out.model_config)
+  return out
+
+
+def abstract_state(exp: common.Experiment):
+  """``(TrainState of ShapeDtypeStructs with shardings, its shardings)``; nothing allocated."""
+  state = jax.eval_shape(lambda k: exp.rl_state(models.init(exp.model_config, k)),
+                         jax.random.key(0))
+  shardings = sharding.train_state_shardings(state, exp.mesh)
+  return _with_shardings(state, shardings), shardings
+
+
+def _with_shardings(tree, shardings):
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      tree, shardings)
+
+
+def _device_bytes(tree) -> int:
+  """Bytes one device holds of ``tree``'s sharded ShapeDtypeStructs (the largest shard)."""
+  return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * np.dtype(x.dtype).itemsize
+             for x in jax.tree.leaves(tree))
+
+
+def state_bytes(exp: common.Experiment) -> dict[str, int]:
+  """Persistent TrainState bytes per device on ``exp.mesh``, by field.
+
+  Returns:
+    ``{"params", "opt_state", "critic_params", "critic_opt_state",
+    "ref_params", "other" (step, key, counters, objective state), "total"}``
+    in bytes (0 for absent fields); exact (shapes and shardings only).
+  """
+  state, _ = abstract_state(exp)
+  out = {f: _device_bytes(getattr(state, f)) for f in STATE_FIELDS}
+  out["total"] = _device_bytes(state)
+  out["other"] = out["total"] - sum(out[f] for f in STATE_FIELDS)
+  return out
+
+
+def _compile(jitted, *args) -> dict[str, Any]:
+  """Compiles ``jitted`` on abstract ``args``: per-device bytes and seconds."""
+  t0 = time.perf_counter()
+  analysis = jitted.lower(*args).compile().memory_analysis()
+  sec = time.perf_counter() - t0
+  if analysis is None:
+    raise RuntimeError(f"no XLA memory analysis on the {jax.default_backend()} backend")
+  return dict(temp_bytes=int(analysis.temp_size_in_bytes),
+              argument_bytes=int(analysis.argument_size_in_bytes),
+              output_bytes=int(analysis.output_size_in_bytes),
+              alias_bytes=int(analysis.alias_size_in_bytes), compile_seconds=sec)
+
+
+def program_memory(exp: common.Experiment) -> dict[str, dict[str, Any]]:
+  """Compiles the rollout and the train step of ``exp`` (its layer count) abstractly.
+
+  Returns:
+    ``{"rollout": ..., "train": ...}``, each :func:`_compile`'s dict
+    (``temp_bytes`` etc. per device, ``compile_seconds``).
+  """
+  mesh = exp.mesh
+  rep = sharding.replicated(mesh)
+  state, shardings = abstract_state(exp)
+  key = _with_shardings(jax.eval_shape(lambda: jax.random.key(0)), rep)
+  # The rollout (built here, not Experiment.rollout_fn: its shared program is
+  # keyed by the config, which does not see a changed layer count).
+  fn = rollout.make_rollout(exp.text_env, exp.model_config, exp.rollout_config,
+                            exp.env_params)
+  traj = jax.eval_shape(fn, state.params, key)
+  jitted = jax.jit(lambda p, k: fn(p, k), in_shardings=(shardings.params, rep),
+                   out_shardings=sharding.rows_shardings(traj, mesh))
+  out = {"rollout": _compile(jitted, state.params, key)}
+  # The train step on the kept rows.
+  rows = exp.num_keep * exp.rollout_config.group_size
+  kept = jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows,) + x.shape[1:], x.dtype), traj)
+  batch = jax.eval_shape(lambda t: t.to_batch(), kept)
+  batch_shardings = sharding.rows_shardings(batch, mesh)
+  objective, config = exp.objective, exp.train_config
+  jitted = jax.jit(lambda s, b: train.train_step(s, b, objective=objective, config=config),
+                   in_shardings=(shardings, batch_shardings), out_shardings=(shardings, rep),
+                   donate_argnums=0)
+  out["train"] = _compile(jitted, state, _with_shardings(batch, batch_shardings))
+  return out
+
+
+def measure_mesh(config, spec: str, num_devices: int, layers: tuple[int, ...]
+                 ) -> dict[str, Any]:
+  """One mesh's row: exact state, extrapolated temporaries, total, compile seconds.
+
+  Args:
+    config: the run's config (not modified).
+    spec: the mesh spec (``config.mesh`` of this row).
+    num_devices: the first ``num_devices`` devices make the mesh.
+    layers: ``()`` or ``(a, b)`` (see :func:`parse_layers`).
+
+  Returns:
+    the row's dict; bytes per device.
+
+  Raises:
+    ValueError: the mesh does not split the config's rows (from
+      ``Experiment``, naming ``config.mesh``), before any compile.
+  """
+  c = config.copy_and_resolve_references()
+  c.mesh = spec
+  exp = common.Experiment(c, devices=jax.devices()[:num_devices])
+  n_rows = sharding.rows_size(exp.mesh)
+  rows = exp.num_keep * exp.rollout_config.group_size
+  if rows % n_rows:
+    raise ValueError(f"config.mesh={spec!r}: the {rows} trained rows (kept groups x "
+                     f"group_size) are not divisible by data x fsdp = {n_rows}")
+  num_layers = exp.model_config.num_layers
+  state = state_bytes(exp)
+  at = {}
+  for n in (layers or (num_layers,)):
+    at[n] = program_memory(with_layers(exp, n))
+  programs = {}
+  for name in ("rollout", "train"):
+    measured = {n: at[n][name] for n in at}
+    if layers:
+      a, b = layers
+      per_layer = (measured[b]["temp_bytes"] - measured[a]["temp_bytes"]) / (b - a)
+      temp = measured[a]["temp_bytes"] + (num_layers - a) * per_layer
+    else:
+      per_layer, temp = None, measured[num_layers]["temp_bytes"]
+    programs[name] = dict(
+        temp_bytes=int(round(temp)), per_layer_bytes=per_layer,
+        measured={str(n): m for n, m in measured.items()},
+        compile_seconds=sum(m["compile_seconds"] for m in measured.values()))
+  temp = max(programs["rollout"]["temp_bytes"], programs["train"]["temp_bytes"])
+  return dict(mesh=spec, shape=dict(exp.mesh.shape), devices=num_devices,
+              num_microbatches=exp.train_config.num_microbatches,
+              num_minibatches=exp.train_config.num_minibatches,
+              state=state, rollout=programs["rollout"], train=programs["train"],
+              total_bytes=state["total"] + temp,
+              compile_seconds=sum(p["compile_seconds"] for p in programs.values()))
+
+
+def run(config, meshes: str, layers) -> dict[str, Any]:
+  """Every mesh's row (see the module docstring); returns the results.
+
+  Raises:
+    ValueError: a bad ``--meshes`` or ``--layers``, or a config a mesh cannot
+      split, before anything compiles.
+  """
+  specs = parse_meshes(meshes, jax.device_count())
+  layers = parse_layers(layers)
+  exp = common.Experiment(config)  # validates; the config's shapes
+  for spec, n in specs:  # every mesh's rows, before any compile
+    c = config.copy_and_resolve_references()
+    c.mesh = spec
+    common.validate(c, n)
+    rows = exp.num_keep * exp.rollout_config.group_size
+    size = (lambda d, f, t: d * f)(*sharding.parse_mesh_spec(spec, n))
+    if rows % size:
+      raise ValueError(f"config.mesh={spec!r}: the {rows} trained rows (kept groups x "
+                       f"group_size) are not divisible by data x fsdp = {size}")
+  mc = exp.model_config
+  c = exp.config
+  out_rows = [measure_mesh(config, spec, n, layers) for spec, n in specs]
+  return dict(env=c.env, algorithm=c.algorithm, model=c.model_dir or c.model,
+              num_params=mc.num_params(), num_layers=mc.num_layers,
+              dtype=str(np.dtype(mc.dtype)) if hasattr(mc, "dtype") else None,
+              remat=bool(mc.remat), layers=list(layers),
+              rollout_rows=exp.rollout_config.batch_size,
+              trained_rows=exp.num_keep * exp.rollout_config.group_size,
+              context=exp.context_size, critic=bool(exp.needs.critic),
+              reference=bool(exp.needs.reference), rows=out_rows,
+              backend=jax.default_backend(), device_kind=jax.devices()[0].device_kind)
+
+
+def _unit(res: dict[str, Any]) -> tuple[str, float]:
+  top = max(r["total_bytes"] for r in res["rows"])
+  for name, size in (("GiB", 2.0 ** 30), ("MiB", 2.0 ** 20)):
+    if top >= size:
+      return name, size
+  return "KiB", 2.0 ** 10
+
+
+def report(res: dict[str, Any]) -> None:
+  """Prints a header line, the Markdown table and one JSON line."""
+  how = (f"extrapolated from {res['layers'][0]} and {res['layers'][1]} layers"
+         if res["layers"] else "compiled at full depth")
+  print(f"memory benchmark: {res['env']} {res['algorithm']}, model {res['model']} "
+        f"({res['num_params']:,} parameters, {res['num_layers']} layers, remat "
+        f"{'on' if res['remat'] else 'off'}), critic {res['critic']}, reference "
+        f"{res['reference']}; rollout {res['rollout_rows']} rows, train "
+        f"{res['trained_rows']} rows x {res['context']} tokens; temporaries {how}; "
+        f"backend {res['backend']} ({res['device_kind']})")
+  unit, size = _unit(res)
+  print(f"| mesh | devices | micro-batches | state {unit} | rollout temp {unit} | "
+        f"train temp {unit} | total {unit} | compile s |")
+  print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+  for r in res["rows"]:
+    print(f"| {r['mesh']} | {r['devices']} | {r['num_microbatches']} | "
+          f"{r['state']['total'] / size:,.2f} | {r['rollout']['temp_bytes'] / size:,.2f} | "
+          f"{r['train']['temp_bytes'] / size:,.2f} | {r['total_bytes'] / size:,.2f} | "
+          f"{r['compile_seconds']:.1f} |")
+  print(json.dumps(res, default=float))
+
+
+def main(argv, flag_values: flags.FlagValues = flags.FLAGS):
+  """Runs the benchmark with ``flag_values`` (see :func:`define_flags`)."""
+  del argv
+  report(run(flag_values.config, flag_values.meshes, flag_values.layers))
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
