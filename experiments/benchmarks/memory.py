@@ -249,6 +249,13 @@ def program_memory(exp: common.Experiment) -> dict[str, dict[str, Any]]:
   return out
 
 
+def _check_trained_rows(exp: common.Experiment, spec: str, row_devices: int) -> None:
+  rows = exp.num_keep * exp.rollout_config.group_size
+  if rows % row_devices:
+    raise ValueError(f"config.mesh={spec!r}: the {rows} trained rows (kept groups x "
+                     f"group_size) are not divisible by data x fsdp = {row_devices}")
+
+
 def measure_mesh(config, spec: str, num_devices: int, layers: tuple[int, ...]
                  ) -> dict[str, Any]:
   """One mesh's row: exact state, extrapolated temporaries, total, compile seconds.
@@ -269,11 +276,7 @@ def measure_mesh(config, spec: str, num_devices: int, layers: tuple[int, ...]
   c = config.copy_and_resolve_references()
   c.mesh = spec
   exp = common.Experiment(c, devices=jax.devices()[:num_devices])
-  n_rows = sharding.rows_size(exp.mesh)
-  rows = exp.num_keep * exp.rollout_config.group_size
-  if rows % n_rows:
-    raise ValueError(f"config.mesh={spec!r}: the {rows} trained rows (kept groups x "
-                     f"group_size) are not divisible by data x fsdp = {n_rows}")
+  _check_trained_rows(exp, spec, sharding.rows_size(exp.mesh))
   num_layers = exp.model_config.num_layers
   state = state_bytes(exp)
   at = {}
@@ -315,17 +318,14 @@ def run(config, meshes: str, layers) -> dict[str, Any]:
     c = config.copy_and_resolve_references()
     c.mesh = spec
     common.validate(c, n)
-    rows = exp.num_keep * exp.rollout_config.group_size
-    size = (lambda d, f, t: d * f)(*sharding.parse_mesh_spec(spec, n))
-    if rows % size:
-      raise ValueError(f"config.mesh={spec!r}: the {rows} trained rows (kept groups x "
-                       f"group_size) are not divisible by data x fsdp = {size}")
+    data, fsdp, _ = sharding.parse_mesh_spec(spec, n)
+    _check_trained_rows(exp, spec, data * fsdp)
   mc = exp.model_config
   c = exp.config
   out_rows = [measure_mesh(config, spec, n, layers) for spec, n in specs]
   return dict(env=c.env, algorithm=c.algorithm, model=c.model_dir or c.model,
               num_params=mc.num_params(), num_layers=mc.num_layers,
-              dtype=str(np.dtype(mc.dtype)) if hasattr(mc, "dtype") else None,
+              dtype=mc.dtype,
               remat=bool(mc.remat), layers=list(layers),
               rollout_rows=exp.rollout_config.batch_size,
               trained_rows=exp.num_keep * exp.rollout_config.group_size,

@@ -115,6 +115,8 @@ class MemoryBenchmarkTest(absltest.TestCase):
         (("--meshes=data:9",), "data:9"),
         (("--meshes=data:1;;data:2",), "no empty entry"),
         (("--meshes=data:3",), "config.mesh='data:3'"),
+        (("--config.rollout.num_groups=4", "--meshes=data:8"),  # 2 of 4 groups kept
+         "config.mesh='data:8': the 4 trained rows"),
         (("--meshes=data:1", "--layers=2,1"), "two layer counts a < b"),
         (("--meshes=data:1", "--layers=1"), "two layer counts a < b"),
         (("--meshes=data:1", "--layers=1,x"), "must be ints")):
