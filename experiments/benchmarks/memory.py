@@ -63,6 +63,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -282,6 +283,9 @@ def measure_mesh(config, spec: str, num_devices: int, layers: tuple[int, ...]
   at = {}
   for n in (layers or (num_layers,)):
     at[n] = program_memory(with_layers(exp, n))
+    logging.info("mesh %s, %d layers: %s", spec, n, {
+        k: f"{v['temp_bytes'] / GiB:.3f} GiB temp, {v['compile_seconds']:.1f} s"
+        for k, v in at[n].items()})
   programs = {}
   for name in ("rollout", "train"):
     measured = {n: at[n][name] for n in at}
