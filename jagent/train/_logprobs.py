@@ -9,6 +9,7 @@ log-probabilities; position 0 (no context) is 0.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -65,18 +66,84 @@ def _head(params, h, nxt, config, temperature, with_entropy):
   return target - lse, losses.entropy_from_logits(z) if with_entropy else None
 
 
+def _project(head, h, nxt, config, temperature, with_entropy):
+  """:func:`_head` with a zero entropy when none is requested."""
+  lp, ent = _head(head, h, nxt, config, temperature, with_entropy)
+  return lp, jnp.zeros_like(lp) if ent is None else ent
+
+
+def _each_chunk(max_count, chunk, fn, skipped, xs, init=None):
+  """``lax.scan`` over ``xs``'s chunks; chunk ``i`` runs ``fn`` when ``i * chunk <
+  max_count``, else returns ``skipped`` (lax.cond: skipped chunks cost nothing)."""
+  def body(carry, x):
+    i, *rest = x
+    return jax.lax.cond(i * chunk < max_count, fn, skipped, carry, *rest)
+  num_chunks = jax.tree.leaves(xs)[0].shape[0]
+  return jax.lax.scan(body, init, (jnp.arange(num_chunks, dtype=jnp.int32), *xs))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _chunked_head(head, h, nxt, max_count, config, temperature, with_entropy, chunk):
+  """``(log-probs, entropies)`` ``[C, B, chunk]`` of the chunks ``h [C, B, chunk, D]``.
+
+  Chunks from ``max_count`` positions on are skipped (0). A custom VJP
+  recomputes each chunk's logits in the backward pass from the chunk's
+  hidden states and the projection weights ``head``, accumulating the
+  weights' gradient in the loop: the residuals are ``h`` and ``head`` once.
+  (``jax.checkpoint`` inside the scan's ``lax.cond`` would save ``head`` once
+  per chunk: a [C, V, D] stack, 46 GiB for Qwen2.5-0.5B at 2,904 tokens.)
+  """
+  return _chunked_head_fwd(head, h, nxt, max_count, config, temperature, with_entropy,
+                           chunk)[0]
+
+
+def _chunked_head_fwd(head, h, nxt, max_count, config, temperature, with_entropy, chunk):
+  def run(carry, hc, nc):
+    return carry, _project(head, hc, nc, config, temperature, with_entropy)
+
+  def skip(carry, hc, nc):
+    del hc
+    zeros = jnp.zeros(nc.shape, jnp.float32)
+    return carry, (zeros, zeros)
+
+  _, out = _each_chunk(max_count, chunk, run, skip, (h, nxt))
+  return out, (head, h, nxt, max_count)
+
+
+def _chunked_head_bwd(config, temperature, with_entropy, chunk, residuals, cotangents):
+  head, h, nxt, max_count = residuals
+  g_lp, g_ent = cotangents
+
+  def run(d_head, hc, nc, glc, gec):
+    _, vjp = jax.vjp(
+        lambda hd, x: _project(hd, x, nc, config, temperature, with_entropy), head, hc)
+    dhd, dhc = vjp((glc, gec))
+    return jax.tree.map(jnp.add, d_head, dhd), dhc
+
+  def skip(d_head, hc, nc, glc, gec):
+    del nc, glc, gec
+    return d_head, jnp.zeros_like(hc)
+
+  zeros = jax.tree.map(jnp.zeros_like, head)
+  d_head, d_h = _each_chunk(max_count, chunk, run, skip, (h, nxt, g_lp, g_ent), zeros)
+  return d_head, d_h, None, None
+
+
+_chunked_head.defvjp(_chunked_head_fwd, _chunked_head_bwd)
+
+
 def _masked_head(params, h_bnd, next_bn, selected_bn, config, temperature, with_entropy):
   """:func:`_head` at the selected positions only (0 elsewhere).
 
   Each row's selected positions are gathered first (``jnp.nonzero`` per row,
   in order) and projected in chunks of ``_MASKED_CHUNK`` positions per row
-  by a ``lax.scan`` whose body skips (``lax.cond``) the chunks past the
-  largest per-row count, so the cost follows ``B x`` the most selected
-  positions of a row, not ``B x N``. The batch axis is never flattened, so a
-  batch sharded over rows stays sharded (each device projects its own
-  rows). The chunk is rematerialized in the backward pass, so no [B, N, V]
-  residual is kept. Under ``vmap`` the skipped chunks are computed too (same
-  values).
+  by a ``lax.scan`` that skips (``lax.cond``) the chunks past the largest
+  per-row count, so the cost follows ``B x`` the most selected positions of
+  a row, not ``B x N``. The batch axis is never flattened, so a batch
+  sharded over rows stays sharded (each device projects its own rows). The
+  backward pass recomputes each chunk (:func:`_chunked_head`), so no
+  [B, N, V] residual is kept. Under ``vmap`` the skipped chunks are computed
+  too (same values).
   """
   b, n, d = h_bnd.shape
   chunk = min(_MASKED_CHUNK, n)
@@ -84,27 +151,13 @@ def _masked_head(params, h_bnd, next_bn, selected_bn, config, temperature, with_
   max_count = jnp.max(jnp.sum(selected_bn.astype(jnp.int32), axis=1))
   idx = jax.vmap(lambda sel: jnp.nonzero(sel, size=num_chunks * chunk, fill_value=n)[0])(
       selected_bn).astype(jnp.int32)  # [B, C * chunk]; n past the selected
-  # Gathered before the scan (a closed-over h_bnd would be saved per chunk).
   h = jnp.take_along_axis(h_bnd, idx[..., None], axis=1, mode="fill", fill_value=0)
   nxt = jnp.take_along_axis(next_bn, idx, axis=1, mode="fill", fill_value=0)
   h = jnp.moveaxis(h.reshape(b, num_chunks, chunk, d), 1, 0)  # [C, B, chunk, D]
   nxt = jnp.moveaxis(nxt.reshape(b, num_chunks, chunk), 1, 0)
-
-  @jax.checkpoint
-  def project(h, nxt):
-    lp, ent = _head(params, h, nxt, config, temperature, with_entropy)
-    return lp, jnp.zeros_like(lp) if ent is None else ent
-
-  def skip(h, nxt):
-    del h
-    zeros = jnp.zeros(nxt.shape, jnp.float32)
-    return zeros, zeros
-
-  def body(_, xs):
-    i, h, nxt = xs
-    return None, jax.lax.cond(i * chunk < max_count, project, skip, h, nxt)
-
-  _, (lp, ent) = jax.lax.scan(body, None, (jnp.arange(num_chunks, dtype=jnp.int32), h, nxt))
+  # Only the output projection's weights (embed / lm_head) enter the loop.
+  lp, ent = _chunked_head(params.replace(layers=()), h, nxt, max_count, config,
+                          temperature, with_entropy, chunk)
 
   def scatter(vals):  # [C, B, chunk] -> [B, N]; index n (the fill) is dropped
     vals = jnp.moveaxis(vals, 0, 1).reshape(b, num_chunks * chunk)
