@@ -166,7 +166,9 @@ class MultiProcessTest(absltest.TestCase):
       w, g = _deterministic(w), _deterministic(g)
       self.assertEqual(set(g), set(w))
       for k, v in w.items():
-        np.testing.assert_allclose(g[k], v, rtol=1e-5, atol=1e-6, err_msg=f"{w['step']} {k}")
+        # atol 1e-5: loss/policy is a mean of zero-mean advantages x ratios
+        # (~1e-7), whose sign flips with the collectives' summation order.
+        np.testing.assert_allclose(g[k], v, rtol=1e-5, atol=1e-5, err_msg=f"{w['step']} {k}")
     # Replies were sampled and both nets learned: the comparison is not vacuous.
     rl = [r for r in want if "rollout/success" in r]
     self.assertLen(rl, _STEPS)
