@@ -170,7 +170,7 @@ show(demos, int(np.argmax(demos.success)))
 # `Phoenix` always pays 0.1; success = pulling `Dragon`) with GRPO.
 
 # %%
-# Tiny settings. The full-size main job (Sokoban, StarPO-S, 800 SFT steps, 150 RL steps,
+# Tiny settings. The full-size main job (Sokoban, StarPO-S, 800 SFT steps, 500 RL steps,
 # 512 held-out levels) is the command line
 #   python -m experiments.train --workdir=$HOME/jagent_runs/sokoban
 # and any game x algorithm, with any config field overridden, e.g.
