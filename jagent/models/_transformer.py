@@ -217,13 +217,19 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
   return inv
 
 
-def _rope(x_btnd: jax.Array, cos_btf: jax.Array, sin_btf: jax.Array) -> jax.Array:
-  """Rotates halves of the last axis (the Hugging Face Llama/Qwen2 convention)."""
-  half = x_btnd.shape[-1] // 2
-  x1, x2 = x_btnd[..., :half].astype(jnp.float32), x_btnd[..., half:].astype(jnp.float32)
-  cos, sin = cos_btf[:, :, None, :], sin_btf[:, :, None, :]
+def _rope(x_bt_dh: jax.Array, cos_btf: jax.Array, sin_btf: jax.Array) -> jax.Array:
+  """Rotates halves of the last axis (the Hugging Face Llama/Qwen2 convention).
+
+  ``x_bt_dh`` is [B, T, ..., Dh] (any head axes between T and Dh); ``cos_btf``
+  and ``sin_btf`` are [B, T, Dh/2], broadcast over the head axes.
+  """
+  half = x_bt_dh.shape[-1] // 2
+  x1, x2 = x_bt_dh[..., :half].astype(jnp.float32), x_bt_dh[..., half:].astype(jnp.float32)
+  heads = (1,) * (x_bt_dh.ndim - 3)
+  cos = cos_btf.reshape(*cos_btf.shape[:2], *heads, half)
+  sin = sin_btf.reshape(*sin_btf.shape[:2], *heads, half)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x_btnd.dtype)
+  return out.astype(x_bt_dh.dtype)
 
 
 def _materialized(xs):
@@ -345,10 +351,37 @@ def _dense(x: jax.Array, w: jax.Array) -> jax.Array:
   where the weight gradient of a 3-D einsum (a contraction over batch and
   time) ran ~3x slower than that of the 2-D matmul.
   """
-  lead, out = x.shape[:-1], w.shape[1:]
-  y = jnp.dot(x.reshape(-1, x.shape[-1]), w.reshape(w.shape[0], -1),
-              preferred_element_type=x.dtype)
-  return y.reshape(*lead, *out)
+  lead = x.shape[:-1]
+  # The weight keeps its output axes (no reshape), so a sharded minor output
+  # axis (e.g. the MLP axis of the stacked [D, 2, F] gate/up) stays local.
+  y = jax.lax.dot_general(x.reshape(-1, x.shape[-1]), w, (((1,), (0,)), ((), ())),
+                          preferred_element_type=x.dtype)
+  return y.reshape(*lead, *w.shape[1:])
+
+
+def _qkv_projection(h_btd, lp, cos_btf, sin_btf, dtype):
+  """Queries [B,T,K,G,Dh], keys and values [B,T,K,Dh] (rotary applied) in one matmul.
+
+  The weights of each key/value head's G query heads, its key and its value
+  are stacked ``[D, K, G + 2, Dh]`` (query head ``h = k * G + g`` uses
+  key/value head ``k``, as in grouped-query attention, Ainslie et al. 2023,
+  https://arxiv.org/abs/2305.13245), so the three projections are one
+  [B*T, D] x [D, K*(G+2)*Dh] product: on XLA:CPU a decode step of the
+  ``small-10m`` config (64 rows) ran ~20% faster than with three products
+  (and the gate/up pair of the MLP as one). The stacking keeps the K axis
+  leading, so a ``KV_HEADS``-sharded layout stays local; inside a decode loop
+  XLA hoists it out of the loop (the weights are loop-invariant).
+  """
+  d, nk, dh = lp.wk.shape
+  g = lp.wq.shape[1] // nk
+  w = jnp.concatenate([lp.wq.reshape(d, nk, g, dh), lp.wk[:, :, None], lp.wv[:, :, None]],
+                      axis=2).astype(dtype)
+  y = _dense(h_btd, w)  # [B, T, K, G + 2, Dh]
+  if lp.bq is not None:
+    bias = jnp.concatenate([lp.bq.reshape(nk, g, dh), lp.bk[:, None], lp.bv[:, None]], axis=1)
+    y = y + bias.astype(dtype)[None, None]
+  qk = _rope(y[..., :g + 1, :], cos_btf, sin_btf)
+  return qk[..., :g, :], qk[..., g, :], y[..., g + 1, :]
 
 
 def _causal_attention(q_btkgh, k_btkh, v_btkh, mask_btt, dtype):
@@ -452,16 +485,7 @@ def hidden_states(
   def layer(x, lp, cos, sin, k_cache, v_cache):
     """One pre-norm decoder block; with a cache also its updated K/V."""
     h_btd = _rms_norm(x, lp.attn_norm, c.norm_eps)
-    q = _dense(h_btd, lp.wq.astype(dt))  # [B, T, N, Dh]
-    k = _dense(h_btd, lp.wk.astype(dt))  # [B, T, K, Dh]
-    v = _dense(h_btd, lp.wv.astype(dt))
-    if lp.bq is not None:
-      q = q + lp.bq.astype(dt)[None, None]
-      k = k + lp.bk.astype(dt)[None, None]
-      v = v + lp.bv.astype(dt)[None, None]
-    q = _rope(q, cos, sin)
-    k = _rope(k, cos, sin)
-    q = q.reshape(b, t, c.num_kv_heads, g, c.head_dim)
+    q, k, v = _qkv_projection(h_btd, lp, cos, sin, dt)
     if cache is None:
       o = _causal_attention(q, k, v, mask, dt)
       k_all = v_all = None
@@ -474,9 +498,10 @@ def hidden_states(
     x = x + _dense(o.reshape(b, t, c.num_heads * c.head_dim),
                    lp.wo.astype(dt).reshape(c.num_heads * c.head_dim, -1))
     h_btd = _rms_norm(x, lp.mlp_norm, c.norm_eps)
-    gate = _dense(h_btd, lp.w_gate.astype(dt))
-    up = _dense(h_btd, lp.w_up.astype(dt))
-    return x + _dense(jax.nn.silu(gate) * up, lp.w_down.astype(dt)), k_all, v_all
+    # Gate and up projections as one matmul over weights stacked [D, 2, F].
+    gate_up = _dense(h_btd, jnp.stack([lp.w_gate, lp.w_up], axis=1).astype(dt))
+    act = jax.nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :]  # [B, T, F]
+    return x + _dense(act, lp.w_down.astype(dt)), k_all, v_all
 
   # config.remat: a backward pass keeps only each block's input and recomputes
   # the block (no cache: the training forward).
