@@ -110,7 +110,8 @@ class Trajectory:
 
     Keys: ``success``, ``pass_at_group`` (share of groups with a success),
     ``score``, ``reward_std_in_group`` (mean over groups of the in-group std
-    of scores), ``turns``, ``actions``, ``reply_tokens``, ``valid_action_frac``
+    of scores; only when ``group_size > 1``: with one rollout per group it is
+    0 by construction, not a collapse signal), ``turns``, ``actions``, ``reply_tokens``, ``valid_action_frac``
     (valid / kept answer pieces), ``effective_action_frac`` (effective /
     executed), ``format_valid_frac`` (over turns taken), ``overflow_frac``,
     and ``end/<reason>`` shares.
@@ -123,7 +124,6 @@ class Trajectory:
         "success": jnp.mean(f32(self.success)),
         "pass_at_group": jnp.mean(f32(jnp.any(self.success.reshape(-1, g), axis=1))),
         "score": jnp.mean(self.scores),
-        "reward_std_in_group": jnp.mean(jnp.std(scores, axis=1)),
         "turns": jnp.mean(f32(self.num_turns)),
         "actions": jnp.mean(f32(self.num_actions)),
         "reply_tokens": jnp.sum(f32(self.loss_mask)) / jnp.maximum(
@@ -136,6 +136,8 @@ class Trajectory:
             jnp.sum(f32(taken)), 1.0),
         "overflow_frac": jnp.mean(f32(self.overflow)),
     }
+    if g > 1:
+      out["reward_std_in_group"] = jnp.mean(jnp.std(scores, axis=1))
     for i, name in enumerate(END_REASONS[1:], start=1):
       out[f"end/{name}"] = jnp.mean(f32(self.end_reason == i))
     return out

@@ -217,6 +217,10 @@ class RolloutPropertiesTest(parameterized.TestCase):
                                                  axis=1)), rtol=1e-5)
     self.assertAlmostEqual(sum(float(m[f"end/{r}"]) for r in rollout.END_REASONS[1:]), 1.0,
                            places=6)
+    # One rollout per group (evaluations): no in-group std, which would be 0.
+    single = self.traj.replace(group_size=1).metrics()
+    self.assertNotIn("reward_std_in_group", single)
+    self.assertEqual(float(single["pass_at_group"]), float(single["success"]))
     # Every trained token carries its turn id; rewards sit on each turn's last token.
     t = self.traj
     np.testing.assert_array_equal(np.asarray(t.turn_ids) >= 0, t.loss_mask)
