@@ -27,7 +27,8 @@ _TINY = ("--config=experiments/configs/tiny.py:Bandit-v0,dr_grpo", "--config.mod
 def run_benchmark(*args: str) -> subprocess.CompletedProcess:
   env = dict(os.environ)
   env.update(JAX_PLATFORMS="cpu", JAX_NUMPY_RANK_PROMOTION="raise",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             XLA_FLAGS="--xla_force_host_platform_device_count=8 "
+                       "--xla_backend_optimization_level=0",  # faster compiles
              JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir or "",
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
   return subprocess.run([sys.executable, "-m", "experiments.benchmarks.scaling", *args],
