@@ -464,7 +464,6 @@ def hidden_states(
                      f"[B, T]; got {tokens.shape} and {positions.shape}")
   b, t = tokens.shape
   dt = c.jnp_dtype
-  g = c.num_heads // c.num_kv_heads
 
   x = jnp.take(params.embed, tokens, axis=0).astype(dt)  # [B, T, D]
   inv = jnp.asarray(rope_inv_freq(c))

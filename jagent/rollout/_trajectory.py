@@ -111,10 +111,10 @@ class Trajectory:
     Keys: ``success``, ``pass_at_group`` (share of groups with a success),
     ``score``, ``reward_std_in_group`` (mean over groups of the in-group std
     of scores; only when ``group_size > 1``: with one rollout per group it is
-    0 by construction, not a collapse signal), ``turns``, ``actions``, ``reply_tokens``, ``valid_action_frac``
-    (valid / kept answer pieces), ``effective_action_frac`` (effective /
-    executed), ``format_valid_frac`` (over turns taken), ``overflow_frac``,
-    and ``end/<reason>`` shares.
+    0 by construction, not a collapse signal), ``turns``, ``actions``,
+    ``reply_tokens``, ``valid_action_frac`` (valid / kept answer pieces),
+    ``effective_action_frac`` (effective / executed), ``format_valid_frac``
+    (over turns taken), ``overflow_frac``, and ``end/<reason>`` shares.
     """
     g = self.group_size
     f32 = lambda x: jnp.asarray(x, jnp.float32)
