@@ -5,7 +5,8 @@ r"""Generation throughput: ours vs transformers on PyTorch CPU, and the roofline
 For the ``tiny`` and ``small-10m`` configs (random weights, float32):
 - ``ours``: generated tokens/s of ``jagent.models.generate`` (one jit: prefill
   + while-loop decode, temperature 1 sampling, no EOS so every row runs to
-  ``--new`` tokens), best of ``--repeats`` after a warm-up compile;
+  ``--new`` tokens), best of ``--repeats`` after a warm-up compile, timed in
+  rounds interleaved with ``hf`` (``timing.interleaved_best_seconds``);
 - ``hf``: the same weights exported with ``save_hf_checkpoint`` and loaded by
   ``transformers.Qwen2ForCausalLM`` (its default attention), timed
   ``model.generate(do_sample=True, min_new_tokens=max_new_tokens)`` with torch
@@ -39,7 +40,7 @@ from jagent import models
 _BATCH = flags.DEFINE_integer("batch", 64, "Rows generated in parallel.")
 _PROMPT = flags.DEFINE_integer("prompt", 32, "Prompt tokens per row.")
 _NEW = flags.DEFINE_integer("new", 128, "New tokens per row.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats; the best is reported.")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats; the best is reported.")
 _CONFIGS = flags.DEFINE_list("configs", ["tiny", "small-10m"], "Named model configs.")
 _HF = flags.DEFINE_bool("hf", True, "Also time transformers (if installed).")
 
@@ -52,17 +53,19 @@ def copy_bandwidth(nbytes: int = 256 << 20) -> float:
                                       sync=lambda _: None)
 
 
-def ours(params, config, prompt, new, repeats):
+def ours(params, config, prompt, new):
+  """A compiled call of ``models.generate`` (new key each call)."""
   b, p = prompt.shape
   sp = models.SamplingConfig(max_new_tokens=new, temperature=1.0)
   lengths = jnp.full((b,), p, jnp.int32)
-  keys = iter(jax.random.split(jax.random.key(0), 100))
+  counter = iter(range(1 << 30))
 
   def run():
-    return models.generate(params, prompt, lengths, next(keys), config=config, sampling=sp)
+    key = jax.random.fold_in(jax.random.key(0), next(counter))
+    return models.generate(params, prompt, lengths, key, config=config, sampling=sp)
 
-  t = timing.best_seconds(run, repeats)
-  return b * new / t
+  jax.block_until_ready(run())
+  return run
 
 
 def decode_step_seconds(params, config, batch, prompt, new, repeats):
@@ -97,8 +100,8 @@ def decode_step_seconds(params, config, batch, prompt, new, repeats):
   return max(t_long - t_short, 1e-9) / (steps[1] - steps[0])
 
 
-def hf_generate(params, config, prompt, new, repeats):
-  """Tokens/s of transformers' generate with the same weights, or None."""
+def hf_generate(params, config, prompt, new):
+  """A warmed-up call of transformers' generate with the same weights, or None."""
   try:
     import torch  # pylint: disable=g-import-not-at-top
     import transformers  # pylint: disable=g-import-not-at-top
@@ -118,8 +121,7 @@ def hf_generate(params, config, prompt, new, repeats):
                             eos_token_id=None, pad_token_id=config.pad_id)
   out = run()
   assert out.shape == (prompt.shape[0], prompt.shape[1] + new), out.shape
-  best = timing.best_seconds(run, repeats, warmup=False, sync=lambda _: None)
-  return prompt.shape[0] * new / best
+  return run
 
 
 def main(argv):
@@ -136,8 +138,13 @@ def main(argv):
     config = models.get_config(name)
     params = models.init(config, jax.random.key(0))
     prompt = jax.random.randint(jax.random.key(1), (b, p), 3, config.vocab_size)
-    ours_tps = ours(params, config, prompt, n, _REPEATS.value)
-    hf_tps = hf_generate(params, config, prompt, n, _REPEATS.value) if _HF.value else None
+    fns = {"ours": (ours(params, config, prompt, n), jax.block_until_ready)}
+    hf_run = hf_generate(params, config, prompt, n) if _HF.value else None
+    if hf_run is not None:
+      fns["hf"] = (hf_run, lambda _: None)
+    best = timing.interleaved_best_seconds(fns, _REPEATS.value)
+    ours_tps = b * n / best["ours"]
+    hf_tps = b * n / best["hf"] if "hf" in best else None
     slots = p + n
     step = decode_step_seconds(params, config, b, p, n, _REPEATS.value)
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))

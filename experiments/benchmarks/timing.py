@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
 
@@ -34,4 +34,39 @@ def best_seconds(fn: Callable[[], Any], repeats: int, *, warmup: bool = True,
     t0 = time.perf_counter()
     sync(fn())
     best = min(best, time.perf_counter() - t0)
+  return best
+
+
+def interleaved_best_seconds(
+    fns: Mapping[str, tuple[Callable[[], Any], Callable[[Any], Any]]], repeats: int
+) -> dict[str, float]:
+  """Best wall-clock seconds of each function, timed in interleaved rounds.
+
+  Each round calls every function once (the order reversed every other
+  round), so a slow phase of a shared machine slows every contender alike
+  and the ratios of the bests compare like with like; timing one contender
+  after the other let such phases swing a ratio by 10-20%. Compile or warm
+  up each function before.
+
+  Args:
+    fns: name -> (fn, sync): the work and how to wait for its result
+      (``jax.block_until_ready`` for JAX, the identity for synchronous code).
+    repeats: rounds (>= 1).
+
+  Returns:
+    name -> best time in seconds.
+
+  Raises:
+    ValueError: if ``repeats < 1``.
+  """
+  if repeats < 1:
+    raise ValueError(f"repeats must be >= 1, got {repeats}")
+  names = list(fns)
+  best = {name: float("inf") for name in names}
+  for r in range(repeats):
+    for name in names if r % 2 == 0 else names[::-1]:
+      fn, sync = fns[name]
+      t0 = time.perf_counter()
+      sync(fn())
+      best[name] = min(best[name], time.perf_counter() - t0)
   return best
