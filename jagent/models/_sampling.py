@@ -311,26 +311,20 @@ _MIN_WINDOW = 32
 _MAX_WINDOWS = 4
 
 
-def decode_windows(num_slots: int, max_new_tokens: int) -> tuple[int, ...]:
+def decode_windows(num_slots: int) -> tuple[int, ...]:
   """Cache prefixes (slots) that :func:`generate` decodes in, smallest first.
 
   ``min(4, num_slots // 32)`` windows (at least one), evenly spaced and
   rounded up to multiples of 8 slots; the last is the whole cache. E.g. 40
   slots -> (40,); 64 -> (32, 64); 160 -> (40, 80, 120, 160); 658 -> (168,
-  336, 496, 658). Replies shorter than 32 tokens decode over the whole cache:
-  they cross at most one window boundary, and the window's copies and
-  compile cost about what their few steps save (the main job's 6-token
-  Sokoban replies in a 647-slot cache: rollout time equal, compile +4 s).
+  336, 496, 658).
 
   Args:
     num_slots: S, the cache's slots per row (>= 1).
-    max_new_tokens: N, the decode steps at most.
 
   Returns:
     Increasing window sizes, the last equal to ``num_slots``.
   """
-  if max_new_tokens < _MIN_WINDOW:
-    return (num_slots,)
   count = max(1, min(_MAX_WINDOWS, num_slots // _MIN_WINDOW))
   sizes = {min(num_slots, -(-num_slots * j // count // 8) * 8) for j in range(1, count + 1)}
   return tuple(sorted(sizes))
@@ -478,7 +472,7 @@ def generate(
     return i + 1, tok, gen, lps, slps, n, stopped, done, live, tail, cache
 
   state = (jnp.int32(0), tok, gen, lps, slps, n, stopped, done, pending, tail, cache)
-  for w in decode_windows(cache.max_length, n_max):
+  for w in decode_windows(cache.max_length):
     state = _decode_in_window(cond, body, state, w)
   _, _, gen, lps, slps, n, stopped, _, _, _, cache = state
   last = jnp.take_along_axis(gen, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]

