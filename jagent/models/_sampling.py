@@ -4,9 +4,7 @@
 lengths; slot = position), then runs a ``lax.while_loop`` of single-token
 decode steps, bounded by ``max_new_tokens``, that stops as soon as every row
 has stopped (EOS id or a stop token sequence) and fed its last token. Rows that
-stop early keep running as masked no-ops. The decode loop runs over growing
-prefixes of the cache (:func:`decode_windows`), so a step attends over the
-slots the rows can have filled, not the whole cache. Shapes are static: one compile per
+stop early keep running as masked no-ops. Shapes are static: one compile per
 (model config, sampling config, batch, prompt width, cache size).
 
 Log-probability convention (what RL needs): ``logprobs[b, n]`` is
@@ -299,72 +297,6 @@ def _string_stops(tail, tok, token_table, sampling: SamplingConfig):
   return hit, new_tail
 
 
-# Decode attention reads every slot of the cache, filled or not: a third of a
-# decode step on CPU (small-10m, 64 rows, 160 slots) and most of it when the
-# cache is sized for a whole multi-turn trajectory. Decoding in windows of the
-# first w slots while every row still has room in them reads only those; each
-# window costs one copy of its slots in and out and one more compiled decode
-# loop. Measured (XLA:CPU, 2 cores, 64 rows, new values, same process): 160
-# slots, prompt 32, 128 new: 1, 2, 4, 8 windows = 1, 1.11, 1.13, 1.14x tok/s,
-# first call 8.9, 10.6, 12.5, 21.0 s; 658 slots, 64 new: 4 windows = 2.1-2.3x.
-_MIN_WINDOW = 32
-_MAX_WINDOWS = 4
-
-
-def decode_windows(num_slots: int) -> tuple[int, ...]:
-  """Cache prefixes (slots) that :func:`generate` decodes in, smallest first.
-
-  ``min(4, num_slots // 32)`` windows (at least one), evenly spaced and
-  rounded up to multiples of 8 slots; the last is the whole cache. E.g. 40
-  slots -> (40,); 64 -> (32, 64); 160 -> (40, 80, 120, 160); 658 -> (168,
-  336, 496, 658).
-
-  Args:
-    num_slots: S, the cache's slots per row (>= 1).
-
-  Returns:
-    Increasing window sizes, the last equal to ``num_slots``.
-  """
-  count = max(1, min(_MAX_WINDOWS, num_slots // _MIN_WINDOW))
-  sizes = {min(num_slots, -(-num_slots * j // count // 8) * 8) for j in range(1, count + 1)}
-  return tuple(sorted(sizes))
-
-
-def _window(cache: _transformer.KVCache, w: int) -> _transformer.KVCache:
-  """The first ``w`` slots of every layer's keys ([B,K,Dh,S]) and values ([B,K,S,Dh])."""
-  return _transformer.KVCache(k=tuple(x[..., :w] for x in cache.k),
-                              v=tuple(x[:, :, :w] for x in cache.v), lengths=cache.lengths)
-
-
-def _decode_in_window(cond, body, state, w):
-  """Runs ``while cond: body`` on the first ``w`` cache slots while they have room.
-
-  ``state[-1]`` is the cache and ``state[-3]`` the rows still to feed a token
-  (``pending``). A step writes slot ``lengths[b]`` of each pending row, so the
-  loop stops before any pending row has ``lengths >= w``; the window's slots
-  are then written back. Attention outputs are those of the whole cache:
-  slots past a row's length are masked to exactly zero weight either way.
-  """
-  cache = state[-1]
-  if w == cache.max_length:
-    return jax.lax.while_loop(cond, body, state)
-
-  def fits(s):
-    return jnp.all(~s[-3] | (s[-1].lengths < w))
-
-  def run(state):
-    inner = jax.lax.while_loop(lambda s: cond(s) & fits(s), body,
-                               state[:-1] + (_window(cache, w),))
-    sub = inner[-1]
-    full = _transformer.KVCache(
-        k=tuple(x.at[..., :w].set(y) for x, y in zip(cache.k, sub.k)),
-        v=tuple(x.at[:, :, :w].set(y) for x, y in zip(cache.v, sub.v)), lengths=sub.lengths)
-    return inner[:-1] + (full,)
-
-  return jax.lax.cond(cond(state) & fits(state), run, lambda s: s, state)
-
-
-
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "cache_size"),
                    donate_argnames=("cache",))
 def generate(
@@ -472,9 +404,7 @@ def generate(
     return i + 1, tok, gen, lps, slps, n, stopped, done, live, tail, cache
 
   state = (jnp.int32(0), tok, gen, lps, slps, n, stopped, done, pending, tail, cache)
-  for w in decode_windows(cache.max_length):
-    state = _decode_in_window(cond, body, state, w)
-  _, _, gen, lps, slps, n, stopped, _, _, _, cache = state
+  _, _, gen, lps, slps, n, stopped, _, _, _, cache = jax.lax.while_loop(cond, body, state)
   last = jnp.take_along_axis(gen, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
   eos = (n > 0) & _is_eos(last, sp)
   return GenerateOutput(tokens=gen, logprobs=lps, sampling_logprobs=slps, lengths=n,

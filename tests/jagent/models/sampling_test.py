@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jagent import models
-from jagent.models import _sampling
 
 CFG = models.get_config("tiny", vocab_size=48, embed_dim=32, num_layers=2, mlp_dim=64,
                         head_dim=8, eos_id=1, pad_id=0)
@@ -175,41 +174,6 @@ class SamplingTest(parameterized.TestCase):
       for b in range(B):
         hist[b].append(int(logits[b, len(hist[b]) - 1].argmax()))
     np.testing.assert_array_equal(second.tokens, [h[-N:] for h in hist])
-
-  def test_decoding_across_cache_windows(self):
-    # 128 slots decode in windows of 32, 64, 96 and 128 slots. Two greedy turns
-    # of 40 tokens take the ragged rows (1-6 prompt tokens) across window
-    # boundaries at different steps (row 0: 6 -> 46 -> 89 slots); every token
-    # and logprob must equal a full forward pass over the history (no cache).
-    self.assertEqual(_sampling.decode_windows(128), (32, 64, 96, 128))
-    n, width = 40, 128
-    sp = models.SamplingConfig(max_new_tokens=n, greedy=True)
-    first = models.generate(self.params, self.prompt, LENGTHS, jax.random.key(0), config=CFG,
-                            sampling=sp, cache_size=width)
-    obs = np.zeros((B, P), np.int32)
-    obs[:, :3] = [5, 7, 9]
-    second = models.generate(self.params, obs, np.full((B,), 3), jax.random.key(0),
-                             first.cache, config=CFG, sampling=sp)
-    np.testing.assert_array_equal(second.cache.lengths, LENGTHS + 2 * n + 3)
-
-    @jax.jit
-    def full_logp(seqs):
-      pos = jnp.broadcast_to(jnp.arange(width), seqs.shape)
-      return jax.nn.log_softmax(models.apply(self.params, seqs, pos, config=CFG)[0], axis=-1)
-
-    hist = [list(self.prompt[b, :LENGTHS[b]]) for b in range(B)]
-    for out, new_tokens in ((first, []), (second, [5, 7, 9])):
-      for b in range(B):
-        hist[b] += new_tokens
-      want_lp = np.zeros((B, n), np.float32)
-      for i in range(n):
-        logp = np.asarray(full_logp(np.stack([np.pad(h, (0, width - len(h))) for h in hist])))
-        for b in range(B):
-          tok = int(logp[b, len(hist[b]) - 1].argmax())
-          want_lp[b, i] = logp[b, len(hist[b]) - 1, tok]
-          hist[b].append(tok)
-      np.testing.assert_array_equal(out.tokens, [h[-n:] for h in hist])
-      np.testing.assert_allclose(out.logprobs, want_lp, atol=1e-5)
 
   def test_one_trace_per_configuration(self):
     sp = models.SamplingConfig(max_new_tokens=3, temperature=0.9, top_k=4)
