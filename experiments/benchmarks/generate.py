@@ -6,7 +6,7 @@ For the ``tiny`` and ``small-10m`` configs (random weights, float32):
 - ``ours``: generated tokens/s of ``jagent.models.generate`` (one jit: prefill
   + while-loop decode, temperature 1 sampling, no EOS so every row runs to
   ``--new`` tokens), best of ``--repeats`` after a warm-up compile, timed in
-  rounds interleaved with ``hf`` (``timing.interleaved_best_seconds``);
+  rounds interleaved with ``hf`` (``timing.interleaved_seconds``);
 - ``hf``: the same weights exported with ``save_hf_checkpoint`` and loaded by
   ``transformers.Qwen2ForCausalLM`` (its default attention), timed
   ``model.generate(do_sample=True, min_new_tokens=max_new_tokens)`` with torch
@@ -142,7 +142,7 @@ def main(argv):
     hf_run = hf_generate(params, config, prompt, n) if _HF.value else None
     if hf_run is not None:
       fns["hf"] = (hf_run, lambda _: None)
-    best = timing.interleaved_best_seconds(fns, _REPEATS.value)
+    best = {k: min(v) for k, v in timing.interleaved_seconds(fns, _REPEATS.value).items()}
     ours_tps = b * n / best["ours"]
     hf_tps = b * n / best["hf"] if "hf" in best else None
     slots = p + n

@@ -145,17 +145,16 @@ def warm_up(name: str, fn: Callable[[], Any], extra_seconds: float = 0.0) -> dic
 def time_rounds(rows: list[dict[str, Any]], repeats: int) -> None:
   """Times every row ``repeats`` times, interleaved (round-robin), in place.
 
-  Interleaving gives every row the same chance of a quiet moment on a shared
-  machine; the best call of each row is kept (``seconds``, and the rates
-  ``turns_per_s``, ``tokens_per_s``); ``all_seconds`` lists every call.
+  Interleaving (``timing.interleaved_seconds``) gives every row the same
+  chance of a quiet moment on a shared machine; the best call of each row is
+  kept (``seconds``, and the rates ``turns_per_s``, ``tokens_per_s``);
+  ``all_seconds`` lists every call.
   """
-  for row in rows:
-    row["all_seconds"] = []
-  for _ in range(repeats):
-    for row in rows:
-      row["all_seconds"].append(timing.best_seconds(row["fn"], 1, warmup=False))
-  for row in rows:
+  secs = timing.interleaved_seconds(
+      {i: (row["fn"], jax.block_until_ready) for i, row in enumerate(rows)}, repeats)
+  for i, row in enumerate(rows):
     del row["fn"]
+    row["all_seconds"] = secs[i]
     row["seconds"] = sec = min(row["all_seconds"])
     row["turns_per_s"] = None if row["env_turns"] is None else row["env_turns"] / sec
     row["tokens_per_s"] = None if row["tokens"] is None else row["tokens"] / sec

@@ -37,10 +37,10 @@ def best_seconds(fn: Callable[[], Any], repeats: int, *, warmup: bool = True,
   return best
 
 
-def interleaved_best_seconds(
+def interleaved_seconds(
     fns: Mapping[str, tuple[Callable[[], Any], Callable[[Any], Any]]], repeats: int
-) -> dict[str, float]:
-  """Best wall-clock seconds of each function, timed in interleaved rounds.
+) -> dict[str, list[float]]:
+  """Wall-clock seconds of every call of each function, timed in interleaved rounds.
 
   Each round calls every function once (the order reversed every other
   round), so a slow phase of a shared machine slows every contender alike
@@ -54,7 +54,8 @@ def interleaved_best_seconds(
     repeats: rounds (>= 1).
 
   Returns:
-    name -> best time in seconds.
+    name -> the ``repeats`` call times in seconds, in call order (the best is
+    the least-disturbed one).
 
   Raises:
     ValueError: if ``repeats < 1``.
@@ -62,11 +63,11 @@ def interleaved_best_seconds(
   if repeats < 1:
     raise ValueError(f"repeats must be >= 1, got {repeats}")
   names = list(fns)
-  best = {name: float("inf") for name in names}
+  secs = {name: [] for name in names}
   for r in range(repeats):
     for name in names if r % 2 == 0 else names[::-1]:
       fn, sync = fns[name]
       t0 = time.perf_counter()
       sync(fn())
-      best[name] = min(best[name], time.perf_counter() - t0)
-  return best
+      secs[name].append(time.perf_counter() - t0)
+  return secs
