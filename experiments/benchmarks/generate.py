@@ -16,7 +16,11 @@ For the ``tiny`` and ``small-10m`` configs (random weights, float32):
   library's greedy sampler) timed inside a jitted ``fori_loop``;
   ``roofline_ms``: bytes read per step (all weights + the whole K/V cache,
   which every decode step attends over) divided by the measured copy
-  bandwidth (``np.copyto`` of a 256 MiB array).
+  bandwidth (``np.copyto`` of a 256 MiB array); ``compute_ms``: the step's
+  matmul FLOPs (``decode_step_flops``) divided by the measured rate of a
+  1024^3 float32 matmul; ``x max``: the step against the larger of the two
+  (at batch 64 the ~10M config is compute-bound on a 2-core AVX2 CPU, so the
+  memory roofline alone cannot be reached there).
 
 Prints a table and one JSON line per config. Speed is measured here, never in
 tests.
@@ -100,6 +104,26 @@ def decode_step_seconds(params, config, batch, prompt, new, repeats):
   return max(t_long - t_short, 1e-9) / (steps[1] - steps[0])
 
 
+def decode_step_flops(config, batch: int, slots: int) -> float:
+  """FLOPs of one decode step (one token per row), 2 per multiply-add.
+
+  Every matmul (q/k/v, output, gate/up, down projections of each layer and
+  the vocabulary projection) plus cached attention over all ``slots``
+  (scores and weighted values: 2 x H x S x Dh multiply-adds per layer);
+  norms, RoPE, softmax and sampling are left out (a few % at most).
+  """
+  d, h, nk, dh = config.embed_dim, config.num_heads, config.num_kv_heads, config.head_dim
+  per_layer = d * (h + 2 * nk) * dh + h * dh * d + 3 * d * config.mlp_dim + 2 * h * slots * dh
+  return 2.0 * batch * (config.num_layers * per_layer + d * config.vocab_size)
+
+
+def matmul_flops_per_s(n: int = 1024, repeats: int = 5) -> float:
+  """Measured float32 FLOP/s of a jitted [n, n] x [n, n] matmul, best of ``repeats``."""
+  x = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  mm = jax.jit(jnp.dot)
+  return 2.0 * n ** 3 / timing.best_seconds(lambda: mm(x, x), repeats)
+
+
 def hf_generate(params, config, prompt, new):
   """A warmed-up call of transformers' generate with the same weights, or None."""
   try:
@@ -128,10 +152,12 @@ def main(argv):
   del argv
   b, p, n = _BATCH.value, _PROMPT.value, _NEW.value
   bw = copy_bandwidth()
-  print(f"devices={jax.devices()} copy bandwidth {bw / 1e9:.1f} GB/s; batch {b}, "
-        f"prompt {p}, new {n}")
+  rate = matmul_flops_per_s()
+  print(f"devices={jax.devices()} copy bandwidth {bw / 1e9:.1f} GB/s; matmul "
+        f"{rate / 1e9:.0f} GFLOP/s; batch {b}, prompt {p}, new {n}")
   header = (f"{'config':>10} {'params':>8} {'ours tok/s':>11} {'hf tok/s':>9} {'ratio':>6} "
-            f"{'decode ms':>9} {'roofline ms':>11} {'x roof':>6}")
+            f"{'decode ms':>9} {'roofline ms':>11} {'x roof':>6} {'compute ms':>10} "
+            f"{'x max':>6}")
   print(header)
   rows = []
   for name in _CONFIGS.value:
@@ -150,18 +176,23 @@ def main(argv):
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
     kv_bytes = 2 * config.num_layers * b * config.num_kv_heads * slots * config.head_dim * 4
     roof = (weight_bytes + kv_bytes) / bw
+    compute = decode_step_flops(config, b, slots) / rate
     row = dict(config=name, params=config.num_params(), batch=b, prompt=p, new=n,
                ours_tokens_per_s=round(ours_tps, 1),
                hf_tokens_per_s=None if hf_tps is None else round(hf_tps, 1),
                ratio=None if hf_tps is None else round(ours_tps / hf_tps, 2),
                decode_step_ms=round(step * 1e3, 3), roofline_ms=round(roof * 1e3, 3),
                times_roofline=round(step / roof, 2), weight_mb=round(weight_bytes / 1e6, 2),
-               kv_mb=round(kv_bytes / 1e6, 2), copy_gb_per_s=round(bw / 1e9, 2))
+               kv_mb=round(kv_bytes / 1e6, 2), copy_gb_per_s=round(bw / 1e9, 2),
+               compute_roofline_ms=round(compute * 1e3, 3),
+               times_max_roofline=round(step / max(roof, compute), 2),
+               matmul_gflop_per_s=round(rate / 1e9, 1))
     rows.append(row)
     hf_s = "-" if hf_tps is None else f"{hf_tps:9.0f}"
     ratio = "-" if hf_tps is None else f"{ours_tps / hf_tps:6.2f}"
     print(f"{name:>10} {config.num_params() / 1e6:7.2f}M {ours_tps:11.0f} {hf_s:>9} {ratio:>6} "
-          f"{step * 1e3:9.3f} {roof * 1e3:11.3f} {step / roof:6.2f}")
+          f"{step * 1e3:9.3f} {roof * 1e3:11.3f} {step / roof:6.2f} {compute * 1e3:10.3f} "
+          f"{step / max(roof, compute):6.2f}")
   for row in rows:
     print(json.dumps(row))
 
