@@ -17,7 +17,7 @@ For the ``tiny`` and ``small-10m`` configs (random weights, float32):
   ``roofline_ms``: bytes read per step (all weights + the whole K/V cache,
   which every decode step attends over) divided by the measured copy
   bandwidth (``np.copyto`` of a 256 MiB array); ``compute_ms``: the step's
-  matmul FLOPs (``decode_step_flops``) divided by the measured rate of a
+  matmul FLOPs (``roofline.decode_step_flops``) divided by the measured rate of a
   1024^3 float32 matmul; ``x max``: the step against the larger of the two
   (at batch 64 the ~10M config is compute-bound on a 2-core AVX2 CPU, so the
   memory roofline alone cannot be reached there).
@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.benchmarks import roofline
 from experiments.benchmarks import timing
 from jagent import models
 
@@ -47,14 +48,6 @@ _NEW = flags.DEFINE_integer("new", 128, "New tokens per row.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats; the best is reported.")
 _CONFIGS = flags.DEFINE_list("configs", ["tiny", "small-10m"], "Named model configs.")
 _HF = flags.DEFINE_bool("hf", True, "Also time transformers (if installed).")
-
-
-def copy_bandwidth(nbytes: int = 256 << 20) -> float:
-  """Bytes/s of a large host memory copy (``np.copyto``), best of 5."""
-  src = np.ones(nbytes // 4, np.float32)
-  dst = np.empty_like(src)
-  return nbytes / timing.best_seconds(lambda: np.copyto(dst, src), 5, warmup=False,
-                                      sync=lambda _: None)
 
 
 def ours(params, config, prompt, new):
@@ -104,26 +97,6 @@ def decode_step_seconds(params, config, batch, prompt, new, repeats):
   return max(t_long - t_short, 1e-9) / (steps[1] - steps[0])
 
 
-def decode_step_flops(config, batch: int, slots: int) -> float:
-  """FLOPs of one decode step (one token per row), 2 per multiply-add.
-
-  Every matmul (q/k/v, output, gate/up, down projections of each layer and
-  the vocabulary projection) plus cached attention over all ``slots``
-  (scores and weighted values: 2 x H x S x Dh multiply-adds per layer);
-  norms, RoPE, softmax and sampling are left out (a few % at most).
-  """
-  d, h, nk, dh = config.embed_dim, config.num_heads, config.num_kv_heads, config.head_dim
-  per_layer = d * (h + 2 * nk) * dh + h * dh * d + 3 * d * config.mlp_dim + 2 * h * slots * dh
-  return 2.0 * batch * (config.num_layers * per_layer + d * config.vocab_size)
-
-
-def matmul_flops_per_s(n: int = 1024, repeats: int = 5) -> float:
-  """Measured float32 FLOP/s of a jitted [n, n] x [n, n] matmul, best of ``repeats``."""
-  x = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  mm = jax.jit(jnp.dot)
-  return 2.0 * n ** 3 / timing.best_seconds(lambda: mm(x, x), repeats)
-
-
 def hf_generate(params, config, prompt, new):
   """A warmed-up call of transformers' generate with the same weights, or None."""
   try:
@@ -151,8 +124,8 @@ def hf_generate(params, config, prompt, new):
 def main(argv):
   del argv
   b, p, n = _BATCH.value, _PROMPT.value, _NEW.value
-  bw = copy_bandwidth()
-  rate = matmul_flops_per_s()
+  bw = roofline.copy_bandwidth()
+  rate = roofline.matmul_flops_per_s()
   print(f"devices={jax.devices()} copy bandwidth {bw / 1e9:.1f} GB/s; matmul "
         f"{rate / 1e9:.0f} GFLOP/s; batch {b}, prompt {p}, new {n}")
   header = (f"{'config':>10} {'params':>8} {'ours tok/s':>11} {'hf tok/s':>9} {'ratio':>6} "
@@ -176,7 +149,7 @@ def main(argv):
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
     kv_bytes = 2 * config.num_layers * b * config.num_kv_heads * slots * config.head_dim * 4
     roof = (weight_bytes + kv_bytes) / bw
-    compute = decode_step_flops(config, b, slots) / rate
+    compute = roofline.decode_step_flops(config, b, slots) / rate
     row = dict(config=name, params=config.num_params(), batch=b, prompt=p, new=n,
                ours_tokens_per_s=round(ours_tps, 1),
                hf_tokens_per_s=None if hf_tps is None else round(hf_tps, 1),

@@ -1,10 +1,10 @@
-"""Tests of the generate benchmark's roofline arithmetic."""
+"""Tests of the benchmarks' roofline arithmetic (experiments/benchmarks/roofline.py)."""
 
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp
 
-from experiments.benchmarks import generate
+from experiments.benchmarks import roofline
 from jagent import models
 
 
@@ -25,7 +25,7 @@ class DecodeStepFlopsTest(absltest.TestCase):
     cost = jax.jit(step).lower(params, jnp.zeros((batch,), jnp.int32), cache).compile()
     cost = cost.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    ours = generate.decode_step_flops(config, batch, slots)
+    ours = roofline.decode_step_flops(config, batch, slots)
     # By hand: 3 layers x (128*(4+4)*32 + 128*128 + 3*128*384 + 2*4*48*32) + 128*512
     # = 3 x 208,896 + 65,536 = 692,224 multiply-adds per row.
     self.assertEqual(ours, 2.0 * batch * 692_224)
