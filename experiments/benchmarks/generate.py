@@ -28,6 +28,7 @@ tests.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
@@ -55,7 +56,7 @@ def ours(params, config, prompt, new):
   b, p = prompt.shape
   sp = models.SamplingConfig(max_new_tokens=new, temperature=1.0)
   lengths = jnp.full((b,), p, jnp.int32)
-  counter = iter(range(1 << 30))
+  counter = itertools.count()
 
   def run():
     key = jax.random.fold_in(jax.random.key(0), next(counter))
@@ -146,10 +147,10 @@ def main(argv):
     hf_tps = b * n / best["hf"] if "hf" in best else None
     slots = p + n
     step = decode_step_seconds(params, config, b, p, n, _REPEATS.value)
-    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
-    kv_bytes = 2 * config.num_layers * b * config.num_kv_heads * slots * config.head_dim * 4
+    weight_bytes, kv_bytes = roofline.decode_step_bytes(params, config, b, slots)
     roof = (weight_bytes + kv_bytes) / bw
     compute = roofline.decode_step_flops(config, b, slots) / rate
+    times_max = step / max(roof, compute)
     row = dict(config=name, params=config.num_params(), batch=b, prompt=p, new=n,
                ours_tokens_per_s=round(ours_tps, 1),
                hf_tokens_per_s=None if hf_tps is None else round(hf_tps, 1),
@@ -158,14 +159,14 @@ def main(argv):
                times_roofline=round(step / roof, 2), weight_mb=round(weight_bytes / 1e6, 2),
                kv_mb=round(kv_bytes / 1e6, 2), copy_gb_per_s=round(bw / 1e9, 2),
                compute_roofline_ms=round(compute * 1e3, 3),
-               times_max_roofline=round(step / max(roof, compute), 2),
+               times_max_roofline=round(times_max, 2),
                matmul_gflop_per_s=round(rate / 1e9, 1))
     rows.append(row)
     hf_s = "-" if hf_tps is None else f"{hf_tps:9.0f}"
     ratio = "-" if hf_tps is None else f"{ours_tps / hf_tps:6.2f}"
     print(f"{name:>10} {config.num_params() / 1e6:7.2f}M {ours_tps:11.0f} {hf_s:>9} {ratio:>6} "
           f"{step * 1e3:9.3f} {roof * 1e3:11.3f} {step / roof:6.2f} {compute * 1e3:10.3f} "
-          f"{step / max(roof, compute):6.2f}")
+          f"{times_max:6.2f}")
   for row in rows:
     print(json.dumps(row))
 

@@ -21,6 +21,26 @@ def copy_bandwidth(nbytes: int = 256 << 20) -> float:
                                       sync=lambda _: None)
 
 
+def decode_step_bytes(params, config, batch: int, slots: int) -> tuple[int, int]:
+  """Bytes one decode step must read: every weight plus the whole K/V cache.
+
+  Every decode step attends over all ``slots`` of the float32 cache
+  (keys and values: 2 x L x B x K x S x Dh x 4 bytes).
+
+  Args:
+    params: the model's parameter pytree.
+    config: its ``jagent.models.ModelConfig``.
+    batch: B, rows decoded together.
+    slots: S, cache slots attended over.
+
+  Returns:
+    (weight bytes, K/V cache bytes).
+  """
+  weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+  kv_bytes = 2 * config.num_layers * batch * config.num_kv_heads * slots * config.head_dim * 4
+  return weight_bytes, kv_bytes
+
+
 def decode_step_flops(config, batch: int, slots: int) -> float:
   """FLOPs of one decode step (one token per row), 2 per multiply-add.
 

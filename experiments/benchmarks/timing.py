@@ -29,12 +29,7 @@ def best_seconds(fn: Callable[[], Any], repeats: int, *, warmup: bool = True,
     raise ValueError(f"repeats must be >= 1, got {repeats}")
   if warmup:
     sync(fn())
-  best = float("inf")
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    sync(fn())
-    best = min(best, time.perf_counter() - t0)
-  return best
+  return min(interleaved_seconds({"fn": (fn, sync)}, repeats)["fn"])
 
 
 def interleaved_seconds(

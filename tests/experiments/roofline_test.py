@@ -30,6 +30,9 @@ class DecodeStepFlopsTest(absltest.TestCase):
     # = 3 x 208,896 + 65,536 = 692,224 multiply-adds per row.
     self.assertEqual(ours, 2.0 * batch * 692_224)
     self.assertBetween(cost["flops"] / ours, 1.0, 1.03)
+    # Bytes by hand: float32 weights, and K + V of 3 layers x 8 rows x 2 KV heads x 48 x 32.
+    self.assertEqual(roofline.decode_step_bytes(params, config, batch, slots),
+                     (4 * config.num_params(), 2 * 3 * 8 * 2 * 48 * 32 * 4))
 
 
 if __name__ == "__main__":
