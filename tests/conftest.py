@@ -1,17 +1,16 @@
 """Test-wide JAX configuration.
 
-- 8 fake CPU devices for multi-device tests (set before jax is imported), and
-  XLA:CPU's backend at optimization level 0 (faster compiles).
+- 8 fake CPU devices for multi-device tests (set before jax is imported) and
+  the fast-compile XLA flags of ``tests/testenv.py``.
 - A persistent compilation cache so repeated runs skip XLA compiles.
 - ``jax_numpy_rank_promotion='raise'`` to catch silent broadcasting bugs.
 """
 
 import os
 
-# LLVM at -O0: the suite is compile-bound on a fresh clone (a cold cache):
-# measured ~25% less wall time (same numerics: XLA's HLO passes still run).
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
-                      "--xla_backend_optimization_level=0")
+from tests import testenv  # noqa: E402  (no jax import)
+
+os.environ.setdefault("XLA_FLAGS", testenv.xla_flags(8))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402

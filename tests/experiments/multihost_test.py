@@ -11,8 +11,8 @@ and final states must agree to rel. 1e-5 (the collectives add in another
 order). The checkpoint of the two processes restores here onto another mesh
 ((2, 2, 2) of this process's 8 devices) and onto one device, equal to the
 one-process run's. Only process 0 writes metrics, samples, the policy and
-eval_summary.json. All three compile at ``--xla_backend_optimization_level=0``
-(the same flags, so the same numerics; it halves the compile time).
+eval_summary.json. All three compile with the suite's fast-compile flags
+(``tests/testenv.py``; the same flags, so the same numerics).
 
 Also: a bad ``config.mesh`` (spec, device count, rows not divisible by
 ``data x fsdp``) is a ValueError naming ``config.mesh`` before any compile.
@@ -35,6 +35,7 @@ from experiments import common
 from experiments import eval as eval_job
 from experiments.configs import tiny
 from jagent import train as jtrain
+from tests import testenv
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _STEPS = 3
@@ -111,11 +112,7 @@ class MultiProcessTest(absltest.TestCase):
              *(f"--config.{k}={v}" for k, v in _OVERRIDES.items())]
 
     def launch(devices, *args):
-      env = dict(os.environ)
-      env.update(JAX_PLATFORMS="cpu", JAX_NUMPY_RANK_PROMOTION="raise",
-                 XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} "
-                           "--xla_backend_optimization_level=0",
-                 JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir or "")
+      env = testenv.subprocess_env(devices, jax.config.jax_compilation_cache_dir)
       return subprocess.Popen([sys.executable, "-m", "experiments.train", *flags, *args],
                               cwd=_ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)

@@ -16,17 +16,15 @@ import sys
 from absl.testing import absltest
 import jax
 
+from tests import testenv
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _ROWS = ("on-device (make_rollout)", "host re-encode (RAGEN)", "host incremental KV")
 
 
 def run_benchmark(*args: str) -> subprocess.CompletedProcess:
-  env = dict(os.environ)
-  env.update(JAX_PLATFORMS="cpu", JAX_NUMPY_RANK_PROMOTION="raise",
-             JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir or "",
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
-  # One CPU device, as the benchmark runs; LLVM at -O0 for faster compiles.
-  env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
+  # One CPU device, as the benchmark runs.
+  env = testenv.subprocess_env(1, jax.config.jax_compilation_cache_dir)
   return subprocess.run([sys.executable, "-m", "experiments.benchmarks.rollout", *args],
                         cwd=_ROOT, env=env, capture_output=True, text=True, timeout=300,
                         check=False)

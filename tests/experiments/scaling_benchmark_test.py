@@ -18,6 +18,7 @@ from absl.testing import absltest
 import jax
 
 from jagent import models
+from tests import testenv
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _TINY = ("--config=experiments/configs/tiny.py:Bandit-v0,dr_grpo", "--config.model=nano",
@@ -25,12 +26,7 @@ _TINY = ("--config=experiments/configs/tiny.py:Bandit-v0,dr_grpo", "--config.mod
 
 
 def run_benchmark(*args: str) -> subprocess.CompletedProcess:
-  env = dict(os.environ)
-  env.update(JAX_PLATFORMS="cpu", JAX_NUMPY_RANK_PROMOTION="raise",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8 "
-                       "--xla_backend_optimization_level=0",  # faster compiles
-             JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir or "",
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
+  env = testenv.subprocess_env(8, jax.config.jax_compilation_cache_dir)
   return subprocess.run([sys.executable, "-m", "experiments.benchmarks.scaling", *args],
                         cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600,
                         check=False)
