@@ -8,17 +8,13 @@
 
 import os
 
-from tests import testenv  # noqa: E402  (no jax import)
+from tests import testenv  # imports no jax
 
 os.environ.setdefault("XLA_FLAGS", testenv.xla_flags(8))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 
-_CACHE = os.environ.get(
-    "JAX_COMPILATION_CACHE_DIR",
-    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".jax_cache"),
-)
-jax.config.update("jax_compilation_cache_dir", _CACHE)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+jax.config.update("jax_compilation_cache_dir", testenv.CACHE_DIR)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", testenv.CACHE_MIN_COMPILE_SECONDS)
 jax.config.update("jax_numpy_rank_promotion", "raise")

@@ -12,14 +12,19 @@ users run: a ``batching="map"`` sweep stopped equalling its separate runs
 (tests/experiments/sweep_test.py) and the Bandit run of train_test lost its
 reply format.
 
-Subprocess tests (entry points, benchmarks) run with the same
-flags through :func:`subprocess_env`, so they compile as fast and share the
-persistent compilation cache.
+A persistent compilation cache (``CACHE_DIR``: ``$JAX_COMPILATION_CACHE_DIR``,
+else ``.jax_cache`` at the repository root) lets repeated runs skip compiles.
+Subprocess tests (entry points, benchmarks) run with the same flags and cache
+through :func:`subprocess_env`, so they compile as fast and share the cache.
 """
 
 import os
 
 FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0"
+CACHE_DIR = os.environ.get(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".jax_cache"))
+CACHE_MIN_COMPILE_SECONDS = 0.5  # compiles shorter than this are not cached
 
 
 def xla_flags(devices: int) -> str:
@@ -27,19 +32,18 @@ def xla_flags(devices: int) -> str:
   return f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE_FLAGS}"
 
 
-def subprocess_env(devices: int, cache_dir: str | None) -> dict[str, str]:
+def subprocess_env(devices: int) -> dict[str, str]:
   """The environment of a test's child Python process.
 
   Args:
     devices: CPU devices the child sees (``--xla_force_host_platform_device_count``).
-    cache_dir: the persistent compilation cache to share (None or "": none).
 
   Returns:
     A copy of ``os.environ`` with JAX on CPU, rank promotion raising (as in
-    the suite), the suite's XLA flags and the cache settings.
+    the suite), the suite's XLA flags and compilation cache.
   """
   env = dict(os.environ)
   env.update(JAX_PLATFORMS="cpu", JAX_NUMPY_RANK_PROMOTION="raise", XLA_FLAGS=xla_flags(devices),
-             JAX_COMPILATION_CACHE_DIR=cache_dir or "",
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
+             JAX_COMPILATION_CACHE_DIR=CACHE_DIR,
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=str(CACHE_MIN_COMPILE_SECONDS))
   return env

@@ -26,6 +26,7 @@ import envs_jax
 from envs_jax._src import sokoban
 from envs_jax._src import sokoban_solver
 from envs_jax._src import wrappers
+from tests import testenv
 
 UP, DOWN, LEFT, RIGHT = 0, 1, 2, 3
 
@@ -422,9 +423,7 @@ class JitVmapTest(absltest.TestCase):
             "jax.random.split(jax.random.key(123), 8), p)[1]; "
             "print(repr([env.render_text(jax.tree.map(lambda x: x[i], s)) "
             "for i in range(8)]))")
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir)
-    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+    out = subprocess.run([sys.executable, "-c", code], env=testenv.subprocess_env(8), check=True,
                          capture_output=True, text=True).stdout.strip()
     self.assertEqual(out, repr(here))
 

@@ -112,7 +112,7 @@ class MultiProcessTest(absltest.TestCase):
              *(f"--config.{k}={v}" for k, v in _OVERRIDES.items())]
 
     def launch(devices, *args):
-      env = testenv.subprocess_env(devices, jax.config.jax_compilation_cache_dir)
+      env = testenv.subprocess_env(devices)
       return subprocess.Popen([sys.executable, "-m", "experiments.train", *flags, *args],
                               cwd=_ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)

@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 from absl.testing import absltest
-import jax
 
 from tests import testenv
 
@@ -24,7 +23,7 @@ _ROWS = ("on-device (make_rollout)", "host re-encode (RAGEN)", "host incremental
 
 def run_benchmark(*args: str) -> subprocess.CompletedProcess:
   # One CPU device, as the benchmark runs.
-  env = testenv.subprocess_env(1, jax.config.jax_compilation_cache_dir)
+  env = testenv.subprocess_env(1)
   return subprocess.run([sys.executable, "-m", "experiments.benchmarks.rollout", *args],
                         cwd=_ROOT, env=env, capture_output=True, text=True, timeout=300,
                         check=False)

@@ -15,7 +15,6 @@ import subprocess
 import sys
 
 from absl.testing import absltest
-import jax
 
 from jagent import models
 from tests import testenv
@@ -26,7 +25,7 @@ _TINY = ("--config=experiments/configs/tiny.py:Bandit-v0,dr_grpo", "--config.mod
 
 
 def run_benchmark(*args: str) -> subprocess.CompletedProcess:
-  env = testenv.subprocess_env(8, jax.config.jax_compilation_cache_dir)
+  env = testenv.subprocess_env(8)
   return subprocess.run([sys.executable, "-m", "experiments.benchmarks.scaling", *args],
                         cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600,
                         check=False)

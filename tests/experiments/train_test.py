@@ -41,6 +41,7 @@ from experiments import eval as eval_job
 from experiments import train as train_job
 from experiments.configs import tiny
 from jagent import train as jtrain
+from tests import testenv
 
 _RL_STEPS = 8
 _KILL_AT = 5  # the resume test's run dies while computing RL step index 5
@@ -277,8 +278,7 @@ class TrainTest(absltest.TestCase):
   def test_eval_entry_point_same_env_and_another_env(self):
     if not flags.FLAGS.is_parsed():
       flags.FLAGS.mark_as_parsed()
-    cache = jax.config.jax_compilation_cache_dir or ""
-    with mock.patch.dict(os.environ, {"JAX_COMPILATION_CACHE_DIR": cache}):
+    with mock.patch.dict(os.environ, {"JAX_COMPILATION_CACHE_DIR": testenv.CACHE_DIR}):
       with flagsaver.flagsaver(workdir=self.workdir, env=None, num_levels=None,
                                temperature=None, greedy=False, episodes_per_level=1):
         eval_job.main(["eval"])
