@@ -18,6 +18,7 @@ import sys
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import pytest
 
 COLAB = pathlib.Path(__file__).resolve().parent.parent / "colab"
 TWINS = sorted(p.stem for p in COLAB.glob("*.py"))
@@ -54,6 +55,7 @@ def notebook_json(cells: list[tuple[str, str]]) -> dict:
   }
 
 
+@pytest.mark.heavy
 class ColabTest(parameterized.TestCase):
 
   def test_there_are_notebooks(self):

@@ -1,9 +1,13 @@
-"""Test-wide JAX configuration.
+"""Test-wide JAX configuration and scheduling.
 
 - 8 fake CPU devices for multi-device tests (set before jax is imported) and
   the fast-compile XLA flags of ``tests/testenv.py``.
 - A persistent compilation cache so repeated runs skip XLA compiles.
 - ``jax_numpy_rank_promotion='raise'`` to catch silent broadcasting bugs.
+- Classes marked ``@pytest.mark.heavy`` run first: with ``pytest -n 2`` the
+  two workers then fill in with the many short classes and finish together
+  (longest-first scheduling) instead of one of them starting a whole training
+  job when the other has nothing left.
 """
 
 import os
@@ -18,3 +22,9 @@ import jax  # noqa: E402
 jax.config.update("jax_compilation_cache_dir", testenv.CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", testenv.CACHE_MIN_COMPILE_SECONDS)
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+def pytest_collection_modifyitems(config, items):
+  """Heavy classes first, otherwise collection order (a stable sort)."""
+  del config
+  items.sort(key=lambda item: item.get_closest_marker("heavy") is None)

@@ -12,6 +12,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import envs_jax
 
@@ -24,6 +25,7 @@ def _shapes(tree):
   return jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), tree)
 
 
+@pytest.mark.heavy
 class ContractTest(parameterized.TestCase):
 
   def test_something_is_registered(self):

@@ -30,6 +30,7 @@ import tempfile
 from absl.testing import absltest
 import jax
 import numpy as np
+import pytest
 
 from experiments import common
 from experiments import eval as eval_job
@@ -99,6 +100,7 @@ def _summary(stdout):
   return None if found is None else json.loads(found.group(0))
 
 
+@pytest.mark.heavy
 class MultiProcessTest(absltest.TestCase):
 
   @classmethod

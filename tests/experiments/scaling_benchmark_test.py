@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 from absl.testing import absltest
+import pytest
 
 from jagent import models
 from tests import testenv
@@ -31,6 +32,7 @@ def run_benchmark(*args: str) -> subprocess.CompletedProcess:
                         check=False)
 
 
+@pytest.mark.heavy
 class ScalingBenchmarkTest(absltest.TestCase):
 
   def test_tiny_run_prints_rows_ratios_mfu_and_json(self):

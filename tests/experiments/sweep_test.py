@@ -1,6 +1,6 @@
 """Tests of ``experiments.sweep``: many runs of one config in one program per stage.
 
-The evidence: a sweep of 4 seeds equals 4 separate runs (the stages of
+The evidence: a sweep of 2 seeds equals 2 separate runs (the stages of
 ``experiments.train`` through :class:`experiments.common.Experiment`: its
 SFT loop, ``rl_step`` and ``evaluate``), bit for bit with
 ``batching="map"``. The vmapped RL iteration with traced learning rates
@@ -17,12 +17,13 @@ from unittest import mock
 from absl.testing import absltest
 import jax
 import numpy as np
+import pytest
 
 from experiments import common
 from experiments import sweep
 from experiments.configs import tiny
 
-_SEEDS = 4
+_SEEDS = 2  # the batching is what is tested: each further seed cost ~15 s on 2 cores
 _RL_LR = 2e-3
 
 
@@ -87,6 +88,7 @@ def _assert_params_close(got, want, **tol):
                                **tol)
 
 
+@pytest.mark.heavy
 class SweepTest(absltest.TestCase):
 
   @classmethod

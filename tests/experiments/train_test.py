@@ -35,6 +35,7 @@ from absl.testing import absltest
 from absl.testing import flagsaver
 import jax
 import numpy as np
+import pytest
 
 from experiments import common
 from experiments import eval as eval_job
@@ -94,6 +95,7 @@ class _Killed(Exception):
   pass
 
 
+@pytest.mark.heavy
 class TrainTest(absltest.TestCase):
 
   @classmethod

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
+import pytest
 
 import envs_jax
 from jagent import models
@@ -314,6 +315,7 @@ class ShardedTrainStepTest(parameterized.TestCase):
       sharding.shard_train_step(self.objective, self.config, mesh, other)
 
 
+@pytest.mark.heavy
 class ShardedRolloutTest(parameterized.TestCase):
   """A 2-turn FrozenLake rollout of 8 rows by a random policy."""
 
@@ -362,6 +364,7 @@ class ShardedRolloutTest(parameterized.TestCase):
                              sharding.make_mesh("data:2,fsdp:2,tensor:2"))
 
 
+@pytest.mark.heavy
 class ShardedRLIterationTest(absltest.TestCase):
   """shard_rl_iteration on (2,2,2) == jagent.train.rl_iteration on one device.
 

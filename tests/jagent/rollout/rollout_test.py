@@ -19,6 +19,7 @@ from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import envs_jax
 from jagent import models
@@ -82,6 +83,7 @@ def run_both(env_id, params, prompt, config, key=0):
   return text_env, device, ref
 
 
+@pytest.mark.heavy
 class RolloutReferenceTest(parameterized.TestCase):
 
   def assert_same(self, device, ref):
