@@ -3,9 +3,10 @@
 Runs the benchmark's ``main`` in-process on its own ``flags.FlagValues``
 (other modules define ``--config`` on the global flags): Bandit, the ``nano``
 model (2 layers), 2 x 2 rollouts, one mesh (``data:2``; each mesh costs 4
-compiles), layers 1 and 2. Checks the Markdown rows, the JSON line, the persistent state against
-a hand computation from the parameter count, the extrapolation arithmetic
-and positive temporaries; and that bad flags fail before anything compiles.
+compiles), layers 1 and 2. Checks the Markdown rows, the JSON line, the
+persistent state against a hand computation from the parameter count, the
+extrapolation arithmetic and positive temporaries; and that bad flags fail
+before anything compiles.
 """
 
 import contextlib
