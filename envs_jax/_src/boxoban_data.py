@@ -119,7 +119,9 @@ def _prepared_builder(subset: str, data_dir: str):
   builder_cls = boxoban_dataset_builder.Builder
   builder = builder_cls(config=subset, data_dir=data_dir)
   if _is_prepared(builder):
-    return builder
+    # Built anew: a builder made while another process was still preparing the
+    # files holds the code's default info (file format TFRECORD), not theirs.
+    return builder_cls(config=subset, data_dir=data_dir)
   lock_dir = os.path.join(data_dir, builder_cls.name)
   os.makedirs(lock_dir, exist_ok=True)
   with open(os.path.join(lock_dir, f".{subset}.lock"), "w") as lock_file:

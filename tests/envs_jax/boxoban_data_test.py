@@ -168,6 +168,25 @@ class BoxobanDataTest(parameterized.TestCase):
           os.path.expanduser("~/.cache/jagent/tensorflow_datasets"),
       )
 
+  def test_another_process_prepares_between_builder_and_check(self):
+    # The race test_two_processes_prepare_at_once hit now and then: this
+    # process builds its tfds builder while another one is still preparing the
+    # files, and checks them after they are complete. That builder holds the
+    # code's default info (file format TFRECORD), not the prepared one.
+    real = boxoban_data._is_prepared
+    raced = []
+
+    def racing(builder):
+      if not raced:
+        raced.append(True)
+        boxoban_data._prepared_builder("unfiltered-test", self.data_dir)  # "another process"
+      return real(builder)
+
+    with mock.patch.object(boxoban_data, "_is_prepared", racing):
+      levels = envs_jax.load_boxoban_levels("unfiltered-test", data_dir=self.data_dir)
+    self.assertEqual(raced, [True])
+    np.testing.assert_array_equal(levels, _reference_levels(_FILES["unfiltered-test"]))
+
   def test_two_processes_prepare_at_once(self):
     script = textwrap.dedent(f"""
         import sys, zlib
