@@ -88,7 +88,10 @@ class HostTextTest(absltest.TestCase):
 
 class DeviceRenderingTest(parameterized.TestCase):
 
-  @parameterized.parameters("Sokoban-6x6-1box-v0", "FrozenLake-4x4-v0", "Bandit-v0",
+  # Every rendering: the games, plus Sokoban's other grid size and symbols
+  # (rollout_test plays one id per game).
+  @parameterized.parameters("Sokoban-6x6-1box-v0", "Sokoban-6x6-1box-altsym-v0",
+                            "Sokoban-8x8-2box-v0", "FrozenLake-4x4-v0", "Bandit-v0",
                             "Countdown-v0")
   def test_ragen_prompt_agrees_with_tokenizer(self, env_id):
     env, _ = envs_jax.make(env_id)
