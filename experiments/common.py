@@ -36,6 +36,7 @@ from jagent import sharding
 from jagent import tokenizers
 from jagent import train
 from jagent import transforms
+from jagent._src import files
 from jagent.losses import _filters
 from jagent.train import _critic
 from jagent.train import _rl
@@ -631,8 +632,8 @@ class Experiment:
       traj = self.to_host(traj)
     if self.is_primary:
       os.makedirs(os.path.join(workdir, "samples"), exist_ok=True)
-      with open(os.path.join(workdir, "samples", f"{stage}.json"), "w") as f:
-        json.dump(_rl.decode_samples(traj, self.tokenizer, c.eval.samples), f, indent=2)
+      files.write_json(os.path.join(workdir, "samples", f"{stage}.json"),
+                       _rl.decode_samples(traj, self.tokenizer, c.eval.samples))
     return {k: float(v) if isinstance(v, (float, np.floating)) else v for k, v in out.items()}
 
   # ---------------------------------------------------------------- checkpoints

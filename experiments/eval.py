@@ -50,6 +50,7 @@ import ml_collections
 import envs_jax
 from experiments import common
 from jagent import rollout
+from jagent._src import files
 from jagent.train import _rl
 
 CONFIG_FILE = "config.json"
@@ -182,8 +183,7 @@ def evaluate_run(workdir: str, *, env: str | None = None, num_levels: int | None
   result["samples"] = _rl.decode_samples(traj, exp.tokenizer, c.eval.samples)
   output = output or os.path.join(workdir, f"eval_{c.env}.json")
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-  with open(output, "w") as f:
-    json.dump(result, f, indent=2)
+  files.write_json(output, result)
   result["output"] = output
   return result
 

@@ -47,7 +47,6 @@ of each value) and writes ``<workdir>/sweep_summary.json``::
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import pathlib
@@ -61,6 +60,7 @@ import numpy as np
 
 from experiments import common
 from jagent import transforms
+from jagent._src import files
 from jagent.train import _step
 
 # Config fields a sweep can vmap: they enter the program as float32 values.
@@ -371,8 +371,7 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
              "groups": groups, "seconds": {k: round(v, 2) for k, v in seconds.items()}}
   if workdir:
     os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "sweep_summary.json"), "w") as f:
-      json.dump(summary, f, indent=2)
+    files.write_json(os.path.join(workdir, "sweep_summary.json"), summary)
   return {**summary, "params": params}
 
 

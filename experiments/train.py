@@ -50,6 +50,7 @@ import tqdm
 from ml_collections import config_flags
 
 from experiments import common
+from jagent._src import files
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", str(pathlib.Path(__file__).parent / "configs" / "tiny.py"),
@@ -145,8 +146,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   primary = exp.is_primary
   os.makedirs(workdir, exist_ok=True)
   if primary:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2))
+    files.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
   ckpt = exp.checkpointer(workdir)
   last = ckpt.latest_step()
   writer = (train.MetricsWriter(workdir, resume_step=last, tensorboard=True) if primary
@@ -193,8 +193,8 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   writer.close()
   exp.export(workdir, state.params)
   if primary:
-    with open(os.path.join(workdir, "eval_summary.json"), "w") as f:
-      json.dump(summary, f, indent=2)
+    # Whole or not at all: its presence marks a finished run (experiments.compare).
+    files.write_json(os.path.join(workdir, "eval_summary.json"), summary)
   return summary
 
 

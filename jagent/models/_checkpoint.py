@@ -35,6 +35,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from jagent._src import files
 from jagent.models import _config
 from jagent.models import _transformer
 
@@ -213,6 +214,10 @@ def save_hf_checkpoint(
   Writes config.json (transformers 5 spelling) and model.safetensors, or, when
   the tensors exceed ``max_shard_bytes``, ``model-0000i-of-0000n.safetensors``
   files plus model.safetensors.index.json. Tensors keep the params' dtype.
+  Every shape is checked before anything is written; the files are written
+  in full in a staging directory beside ``path``, then moved in (weights,
+  then the index, then config.json; ``jagent._src.files.staged_directory``),
+  so an interrupted export never leaves a truncated or half-new checkpoint.
 
   Args:
     params: the parameters (gathered to the host).
@@ -224,7 +229,6 @@ def save_hf_checkpoint(
     ValueError: params whose shapes disagree with ``config``.
   """
   import safetensors.numpy  # pylint: disable=g-import-not-at-top
-  os.makedirs(path, exist_ok=True)
   tensors = {}
   for name, ours, hf_shape, _, to_hf in _table(config):
     arr = np.asarray(jax.device_get(_get(params, ours)))
@@ -234,25 +238,29 @@ def save_hf_checkpoint(
     tensors[name] = arr
   hf = _config.config_to_hf(config)
   hf["dtype"] = str(next(iter(tensors.values())).dtype)
-  with open(os.path.join(path, CONFIG_FILE), "w") as fh:
-    json.dump(hf, fh, indent=2)
   meta = {"format": "pt"}
   total = sum(a.nbytes for a in tensors.values())
-  if max_shard_bytes is None or total <= max_shard_bytes:
-    safetensors.numpy.save_file(tensors, os.path.join(path, SINGLE_FILE), metadata=meta)
-    return
   shards: list[dict[str, np.ndarray]] = [{}]
   size = 0
   for name, arr in tensors.items():
-    if shards[-1] and size + arr.nbytes > max_shard_bytes:
+    if max_shard_bytes is not None and shards[-1] and size + arr.nbytes > max_shard_bytes:
       shards.append({})
       size = 0
     shards[-1][name] = arr
     size += arr.nbytes
-  weight_map = {}
-  for j, shard in enumerate(shards):
-    fn = f"model-{j + 1:05d}-of-{len(shards):05d}.safetensors"
-    safetensors.numpy.save_file(shard, os.path.join(path, fn), metadata=meta)
-    weight_map.update({name: fn for name in shard})
-  with open(os.path.join(path, INDEX_FILE), "w") as fh:
-    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fh, indent=2)
+  # A single-file export over a sharded one drops the old index (loaders
+  # prefer an index); a sharded export's index wins over an old single file.
+  with files.staged_directory(path, last=(INDEX_FILE, CONFIG_FILE),
+                              remove=(INDEX_FILE,) if len(shards) == 1 else ()) as staging:
+    if len(shards) == 1:
+      safetensors.numpy.save_file(tensors, os.path.join(staging, SINGLE_FILE), metadata=meta)
+    else:
+      weight_map = {}
+      for j, shard in enumerate(shards):
+        fn = f"model-{j + 1:05d}-of-{len(shards):05d}.safetensors"
+        safetensors.numpy.save_file(shard, os.path.join(staging, fn), metadata=meta)
+        weight_map.update({name: fn for name in shard})
+      with open(os.path.join(staging, INDEX_FILE), "w") as fh:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fh, indent=2)
+    with open(os.path.join(staging, CONFIG_FILE), "w") as fh:
+      json.dump(hf, fh, indent=2)

@@ -11,6 +11,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jagent._src import files
+
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
@@ -61,11 +63,7 @@ class MetricsWriter:
     if resume_step is not None and os.path.exists(self.path):
       kept = [r for r in read_metrics(self.path)
               if int(r.get("step", -1)) <= resume_step]
-      tmp = self.path + ".tmp"
-      with open(tmp, "w") as fh:
-        for r in kept:
-          fh.write(json.dumps(r) + "\n")
-      os.replace(tmp, self.path)
+      files.write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
     self._file = open(self.path, "a")
     self._tb = None
     if tensorboard or tensorboard is None:
@@ -180,5 +178,6 @@ class MetricsWriter:
       ax.tick_params(labelsize=7)
       ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with files.atomic_path(path) as tmp:  # the format follows path's extension
+      fig.savefig(tmp, dpi=100, format=os.path.splitext(path)[1][1:] or "png")
     return list(keys)
