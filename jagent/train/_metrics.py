@@ -29,9 +29,28 @@ def _import_tensorboardx():
 
 
 def read_metrics(path: str) -> list[dict[str, Any]]:
-  """The records of a ``metrics.jsonl`` file (one dict per line, in order)."""
+  """The records of a ``metrics.jsonl`` file (one dict per line, in order).
+
+  A last line without its newline that is not valid JSON is the record a
+  killed run was writing: it is skipped (the resumed run writes that step
+  again). Blank lines are skipped.
+
+  Raises:
+    ValueError: any other line is not JSON (naming the file and line).
+  """
   with open(path) as fh:
-    return [json.loads(line) for line in fh if line.strip()]
+    lines = fh.read().split("\n")
+  records = []
+  for i, line in enumerate(lines):
+    if not line.strip():
+      continue
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError as e:
+      if i == len(lines) - 1:  # no newline after it: cut short by a crash
+        continue
+      raise ValueError(f"{path}: line {i + 1} is not a JSON record ({e})") from e
+  return records
 
 
 class MetricsWriter:
@@ -64,6 +83,11 @@ class MetricsWriter:
       kept = [r for r in read_metrics(self.path)
               if int(r.get("step", -1)) <= resume_step]
       files.write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+    if os.path.exists(self.path):  # drop a last record cut short by a crash
+      with open(self.path, "rb+") as fh:
+        data = fh.read()
+        if data and not data.endswith(b"\n"):
+          fh.truncate(data.rfind(b"\n") + 1)
     self._file = open(self.path, "a")
     self._tb = None
     if tensorboard or tensorboard is None:

@@ -46,6 +46,30 @@ class MetricsTest(absltest.TestCase):
     self.assertEqual([r["loss"] for r in records[3:]], [-1.0] * 3)
     self.assertAlmostEqual(records[2]["loss"], 0.3, places=6)
 
+  def test_a_record_cut_short_by_a_crash_is_skipped(self):
+    path = os.path.join(self.workdir, "metrics.jsonl")
+    with open(path, "w") as f:
+      f.write('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.2}\n{"step": 3, "lo')
+    self.assertEqual([r["step"] for r in train.read_metrics(path)], [1, 2])
+    # Resumed from the checkpoint of step 2: the cut record is gone.
+    w = train.MetricsWriter(self.workdir, resume_step=2, tensorboard=False)
+    w.write(3, {"loss": 0.1})
+    w.close()
+    self.assertEqual([(r["step"], r["loss"]) for r in train.read_metrics(path)],
+                     [(1, 0.5), (2, 0.2), (3, 0.1)])
+    # Appended to (no checkpoint yet): the cut line is dropped first.
+    with open(path, "a") as f:
+      f.write('{"step": 4, "lo')
+    w = train.MetricsWriter(self.workdir, tensorboard=False)
+    w.write(4, {"loss": 0.0})
+    w.close()
+    self.assertEqual([r["step"] for r in train.read_metrics(path)], [1, 2, 3, 4])
+    # A bad line that is not the last one is corruption, named with its line.
+    with open(path, "a") as f:
+      f.write("not json\n{\"step\": 5}\n")
+    with self.assertRaisesRegex(ValueError, r"metrics.jsonl: line 5 is not a JSON record"):
+      train.read_metrics(path)
+
   def test_bad_values_raise(self):
     w = train.MetricsWriter(self.workdir, tensorboard=False)
     with self.assertRaisesRegex(ValueError, "scalar"):
