@@ -149,7 +149,10 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
     files.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
   ckpt = exp.checkpointer(workdir)
   last = ckpt.latest_step()
-  writer = (train.MetricsWriter(workdir, resume_step=last, tensorboard=True) if primary
+  # Without a checkpoint the run starts over: drop every record of an attempt
+  # that died before checkpoint 0 (its SFT records, steps -sft.steps+1..0).
+  resume_step = last if last is not None else -config.sft.steps - 1
+  writer = (train.MetricsWriter(workdir, resume_step=resume_step, tensorboard=True) if primary
             else _NoWriter())
   progress = progress and primary
   if last is None:  # ---- SFT warm start, then the RL state at step 0.

@@ -135,6 +135,16 @@ class TrainTest(absltest.TestCase):
         raise _Killed(step)
       return real_step(exp, state, step)
 
+    def dying_sft(exp, writer, progress=True):
+      del exp, progress
+      writer.write(-1, {"sft/loss": 1.0})  # a record of the attempt, then death
+      raise _Killed("sft")
+
+    # A first attempt dies during SFT (before checkpoint 0); the rerun starts
+    # over and must not keep that attempt's records.
+    with mock.patch.object(common.Experiment, "sft", dying_sft):
+      with self.assertRaises(_Killed):
+        _run(self.config, workdir)
     with mock.patch.object(common.Experiment, "rl_step", dying_step):
       with self.assertRaises(_Killed):
         _run(self.config, workdir)
