@@ -83,12 +83,18 @@ class MetricsWriter:
       kept = [r for r in read_metrics(self.path)
               if int(r.get("step", -1)) <= resume_step]
       files.write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
-    if os.path.exists(self.path):  # drop a last record cut short by a crash
+    end = ""
+    if os.path.exists(self.path):  # a last line without its newline (a crash):
       with open(self.path, "rb+") as fh:
         data = fh.read()
         if data and not data.endswith(b"\n"):
-          fh.truncate(data.rfind(b"\n") + 1)
+          try:  # a whole record keeps its place (as read_metrics reads it)
+            json.loads(data[data.rfind(b"\n") + 1:])
+            end = "\n"
+          except ValueError:  # a cut record is dropped
+            fh.truncate(data.rfind(b"\n") + 1)
     self._file = open(self.path, "a")
+    self._file.write(end)
     self._tb = None
     if tensorboard or tensorboard is None:
       try:

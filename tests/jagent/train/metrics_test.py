@@ -64,10 +64,18 @@ class MetricsTest(absltest.TestCase):
     w.write(4, {"loss": 0.0})
     w.close()
     self.assertEqual([r["step"] for r in train.read_metrics(path)], [1, 2, 3, 4])
+    # A whole record that lost only its newline is kept, and ended first.
+    with open(path, "a") as f:
+      f.write('{"step": 5}')
+    self.assertEqual([r["step"] for r in train.read_metrics(path)], [1, 2, 3, 4, 5])
+    w = train.MetricsWriter(self.workdir, tensorboard=False)
+    w.write(6, {"loss": 0.0})
+    w.close()
+    self.assertEqual([r["step"] for r in train.read_metrics(path)], [1, 2, 3, 4, 5, 6])
     # A bad line that is not the last one is corruption, named with its line.
     with open(path, "a") as f:
       f.write("not json\n{\"step\": 5}\n")
-    with self.assertRaisesRegex(ValueError, r"metrics.jsonl: line 5 is not a JSON record"):
+    with self.assertRaisesRegex(ValueError, r"metrics.jsonl: line 7 is not a JSON record"):
       train.read_metrics(path)
 
   def test_bad_values_raise(self):
