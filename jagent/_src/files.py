@@ -60,8 +60,8 @@ def staged_directory(path: str, *, last: tuple[str, ...] = (),
   finds every other file already complete. Files named in ``remove`` (stale
   files of an earlier write that a reader would prefer, e.g. an old shard
   index) are deleted from ``path`` just before ``last`` moves. If the
-  ``with`` body raises,
-  nothing in ``path`` changes. The staging directory is removed either way.
+  ``with`` body raises, nothing in ``path`` changes. The staging directory is
+  removed either way.
 
   Args:
     path: the destination directory.

@@ -79,22 +79,13 @@ class MetricsWriter:
                tensorboard: bool | None = None):
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, METRICS_FILE)
-    if resume_step is not None and os.path.exists(self.path):
+    if os.path.exists(self.path):
+      # Rewritten from what read_metrics reads: a last record cut short by a
+      # crash is dropped, one that lost only its newline is ended.
       kept = [r for r in read_metrics(self.path)
-              if int(r.get("step", -1)) <= resume_step]
+              if resume_step is None or int(r.get("step", -1)) <= resume_step]
       files.write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
-    end = ""
-    if os.path.exists(self.path):  # a last line without its newline (a crash):
-      with open(self.path, "rb+") as fh:
-        data = fh.read()
-        if data and not data.endswith(b"\n"):
-          try:  # a whole record keeps its place (as read_metrics reads it)
-            json.loads(data[data.rfind(b"\n") + 1:])
-            end = "\n"
-          except ValueError:  # a cut record is dropped
-            fh.truncate(data.rfind(b"\n") + 1)
     self._file = open(self.path, "a")
-    self._file.write(end)
     self._tb = None
     if tensorboard or tensorboard is None:
       try:
