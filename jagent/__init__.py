@@ -1,28 +1,49 @@
 """jagent: JAX-native, functional multi-turn RL for LLM agents.
 
-Subpackages: ``jagent.losses`` (pure RL objectives), ``jagent.transforms``
-(optax-style composable objectives and named algorithms), ``jagent.models``
-(pure Qwen2 / Llama 3 policies, Hugging Face checkpoints, sampler) and
-``jagent.tokenizers`` (sentencepiece and tokenizer.json, on-device bytes).
+Subpackages, each imported on first use (``import jagent`` alone stays cheap,
+and ``import jagent.losses`` loads neither the models nor the tokenizers):
+
+- ``jagent.losses``: pure RL objectives (advantages, policy and value losses).
+- ``jagent.transforms``: optax-style composable objectives, named algorithms.
+- ``jagent.models``: pure Qwen2 / Llama 3 policies, Hugging Face checkpoints,
+  the sampler.
+- ``jagent.tokenizers``: sentencepiece and tokenizer.json, on-device bytes.
+- ``jagent.rollout``: the text layer over ``envs_jax`` and multi-turn rollouts.
+- ``jagent.train``: train state, jitted train steps, checkpoints, metrics.
+- ``jagent.sharding``: device meshes and sharded train / rollout steps.
 
 Please don't use symbols in ``jagent._src``: they may change without notice.
 """
 
-from jagent import losses
-from jagent import models
-from jagent import tokenizers
-from jagent import transforms
+import importlib
+import typing
+
 from jagent._src.types import Array
-from jagent import losses
-from jagent import models
-from jagent import tokenizers
-from jagent import transforms
 from jagent._src.types import ArrayLike
 from jagent._src.types import PRNGKey
 from jagent._src.types import PyTree
 from jagent._src.types import SHAPE_LETTERS
 
+if typing.TYPE_CHECKING:  # For static analysis; at run time see __getattr__.
+  from jagent import losses
+  from jagent import models
+  from jagent import rollout
+  from jagent import sharding
+  from jagent import tokenizers
+  from jagent import train
+  from jagent import transforms
+
 __version__ = "0.1.0.dev0"
+
+_SUBPACKAGES = (
+    "losses",
+    "models",
+    "rollout",
+    "sharding",
+    "tokenizers",
+    "train",
+    "transforms",
+)
 
 __all__ = (
     "Array",
@@ -30,8 +51,18 @@ __all__ = (
     "PRNGKey",
     "PyTree",
     "SHAPE_LETTERS",
-    "losses",
-    "models",
-    "tokenizers",
-    "transforms",
-)
+) + _SUBPACKAGES
+
+
+def __getattr__(name: str):
+  """Imports the subpackage ``jagent.<name>`` on first access (PEP 562)."""
+  if name in _SUBPACKAGES:
+    # import_module binds the subpackage as an attribute of this module, so
+    # later accesses do not come back here.
+    return importlib.import_module(f"jagent.{name}")
+  raise AttributeError(f"module 'jagent' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+  """The module's names, with the subpackages that are not imported yet."""
+  return sorted(set(globals()) | set(__all__))
