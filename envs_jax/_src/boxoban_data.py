@@ -1,10 +1,10 @@
 """Boxoban levels as uint8 ASCII grids, stored and read through tfds array_record.
 
-Source: DeepMind's Boxoban levels (Guez, Mirza, Gregor, Kabra et al. 2018,
-"An investigation of model-free planning"; github.com/deepmind/boxoban-levels),
-Apache-2.0. ``envs_jax/data/boxoban`` ships 1000 levels of each subset in
-``SUBSETS``; the tfds builder ``envs_jax.datasets.boxoban`` turns them into
-array_record files, and :func:`load_levels` reads them back without TensorFlow.
+The shipped level files and their format are in ``boxoban_levels``; the tfds
+builder ``envs_jax.datasets.boxoban`` turns them into array_record files, and
+:func:`load_levels` prepares that builder and reads the files back without
+TensorFlow. Imports run one way: this module -> the builder ->
+``boxoban_levels`` (the builder never imports this module).
 
 On-disk layout: ``<data_dir>/boxoban/<subset>/<version>/`` (tfds convention).
 Safety:
@@ -16,89 +16,26 @@ Safety:
   ``<data_dir>/boxoban/.<subset>.lock``; a second process waits, then reuses
   the prepared files. (POSIX only; the lock is advisory and only taken here.)
 
-``tensorflow_datasets`` is imported lazily, so ``import envs_jax`` stays cheap.
+``tensorflow_datasets`` and the builder are imported lazily, so
+``import envs_jax`` stays cheap.
 """
 
 from __future__ import annotations
 
 import fcntl
-import importlib.resources
 import os
 import shutil
-from typing import Iterator
 
 import numpy as np
 
-GRID_SIZE = 10  # Boxoban levels are 10 x 10 cells.
-
-# Subset name -> shipped level file, relative to the ``envs_jax`` package.
-SUBSET_FILES: dict[str, tuple[str, ...]] = {
-    "unfiltered-test": ("data", "boxoban", "unfiltered", "test", "000.txt"),
-    "medium-valid": ("data", "boxoban", "medium", "valid", "000.txt"),
-    "hard": ("data", "boxoban", "hard", "000.txt"),
-}
-SUBSETS: tuple[str, ...] = tuple(SUBSET_FILES)
+from envs_jax._src import boxoban_levels
+from envs_jax._src.boxoban_levels import SUBSETS  # noqa: F401  (envs_jax.BOXOBAN_SUBSETS)
 
 DATA_DIR_ENV = "JAGENT_DATA_DIR"
 _DEFAULT_DATA_DIR = os.path.join("~", ".cache", "jagent", "tensorflow_datasets")
 
 # (subset, absolute data_dir) -> read-only uint8 [N, 10, 10].
 _CACHE: dict[tuple[str, str], np.ndarray] = {}
-
-
-def _check_subset(subset: str) -> None:
-  if subset not in SUBSET_FILES:
-    raise ValueError(
-        f"unknown Boxoban subset {subset!r}; valid subsets: {', '.join(SUBSETS)}"
-    )
-
-
-def subset_file(subset: str) -> importlib.resources.abc.Traversable:
-  """Returns the shipped level file of ``subset`` (an entry of ``SUBSETS``).
-
-  Raises:
-    ValueError: naming ``subset`` and listing ``SUBSETS`` when unknown.
-  """
-  _check_subset(subset)
-  path = importlib.resources.files("envs_jax")
-  for part in SUBSET_FILES[subset]:
-    path = path.joinpath(part)
-  return path
-
-
-def parse_levels(text: str) -> Iterator[tuple[int, np.ndarray]]:
-  """Parses Boxoban level text into ``(level_index, grid)`` pairs.
-
-  Format (envs_jax/data/boxoban/README.md): a line ``"; N"``, then 10 lines of
-  10 characters, then a blank line.
-
-  Args:
-    text: the whole contents of one level file.
-
-  Yields:
-    ``(N, grid)`` in file order; ``grid`` has shape=(10, 10), dtype=uint8
-    (ASCII codes of the 10 rows, top row first).
-
-  Raises:
-    ValueError: on a malformed header or a grid that is not 10 rows of 10
-      ASCII characters.
-  """
-  lines = text.splitlines()
-  i = 0
-  while i < len(lines):
-    line = lines[i]
-    if not line.strip():
-      i += 1
-      continue
-    if not line.startswith(";"):
-      raise ValueError(f"line {i + 1}: expected a '; N' level header, got {line!r}")
-    index = int(line[1:].strip())
-    rows = lines[i + 1:i + 1 + GRID_SIZE]
-    if len(rows) != GRID_SIZE or any(len(r) != GRID_SIZE for r in rows):
-      raise ValueError(f"level {index}: expected {GRID_SIZE} rows of {GRID_SIZE} chars")
-    grid = np.frombuffer("".join(rows).encode("ascii"), dtype=np.uint8)
-    yield index, grid.reshape(GRID_SIZE, GRID_SIZE).copy()
-    i += 1 + GRID_SIZE
 
 
 def default_data_dir() -> str:
@@ -168,7 +105,7 @@ def load_levels(subset: str, data_dir: str | None = None) -> np.ndarray:
     ValueError: naming ``subset`` and listing ``SUBSETS`` when unknown, or when
       the stored level indices are not 0..N-1.
   """
-  _check_subset(subset)
+  boxoban_levels.check_subset(subset)
   data_dir = os.path.abspath(os.path.expanduser(data_dir or default_data_dir()))
   key = (subset, data_dir)
   if key in _CACHE:
@@ -182,7 +119,8 @@ def load_levels(subset: str, data_dir: str | None = None) -> np.ndarray:
         f"Boxoban subset {subset!r} at {builder.data_dir}: level indices are not "
         f"0..{len(examples) - 1}; delete that folder to rebuild it"
     )
-  levels = np.zeros((len(examples), GRID_SIZE, GRID_SIZE), np.uint8)
+  grid = boxoban_levels.GRID_SIZE
+  levels = np.zeros((len(examples), grid, grid), np.uint8)
   levels[index] = np.stack([np.asarray(ex["grid"], np.uint8) for ex in examples])
   levels.setflags(write=False)
   _CACHE[key] = levels

@@ -1,5 +1,6 @@
 """Tests of the Boxoban tfds builder (array_record) and ``load_boxoban_levels``."""
 
+import ast
 import glob
 import os
 import pathlib
@@ -17,6 +18,7 @@ import numpy as np
 
 import envs_jax
 from envs_jax._src import boxoban_data
+from envs_jax._src import boxoban_levels
 from envs_jax.datasets.boxoban import boxoban_dataset_builder
 
 _DATA = pathlib.Path(envs_jax.__file__).parent / "data" / "boxoban"
@@ -25,6 +27,19 @@ _FILES = {
     "medium-valid": _DATA / "medium" / "valid" / "000.txt",
     "hard": _DATA / "hard" / "000.txt",
 }
+
+
+def _imported_modules(module):
+  """The modules that ``module``'s source imports (absolute imports)."""
+  tree = ast.parse(pathlib.Path(module.__file__).read_text())
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      names.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      names.add(node.module)
+      names.update(f"{node.module}.{alias.name}" for alias in node.names)
+  return names
 
 
 def _reference_levels(path):
@@ -57,6 +72,15 @@ class BoxobanDataTest(parameterized.TestCase):
         tuple(c.name for c in boxoban_dataset_builder.Builder.BUILDER_CONFIGS),
         envs_jax.BOXOBAN_SUBSETS,
     )
+
+  def test_imports_run_one_way(self):
+    # loader -> builder -> level files; neither of the last two imports back.
+    self.assertIn("envs_jax.datasets.boxoban.boxoban_dataset_builder",
+                  _imported_modules(boxoban_data))
+    self.assertNotIn("envs_jax._src.boxoban_data",
+                     _imported_modules(boxoban_dataset_builder))
+    self.assertEmpty({m for m in _imported_modules(boxoban_levels)
+                      if m.startswith("envs_jax") or m.startswith("tensorflow")})
 
   @parameterized.parameters("unfiltered-test", "medium-valid", "hard")
   def test_levels_equal_text_files(self, subset):

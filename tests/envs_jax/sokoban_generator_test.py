@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import envs_jax
-from envs_jax._src import boxoban_data
+from envs_jax._src import boxoban_levels
 from envs_jax._src import sokoban
 from envs_jax._src import sokoban_solver
 
@@ -232,8 +232,8 @@ class SolverTest(parameterized.TestCase):
     self.assertEqual([s.nodes for s in dense], [s.nodes for s in sparse])
 
   def test_boxoban_level_with_node_cap(self):
-    text = boxoban_data.subset_file("unfiltered-test").read_text()
-    grid = next(iter(boxoban_data.parse_levels(text)))[1]
+    text = boxoban_levels.subset_file("unfiltered-test").read_text()
+    grid = next(iter(boxoban_levels.parse_levels(text)))[1]
     table = sokoban.levels_from_ascii(grid)
     sol = sokoban_solver.solve_sokoban_batch(table.fixed, table.boxes, table.player,
                                              max_nodes=2000)[0]

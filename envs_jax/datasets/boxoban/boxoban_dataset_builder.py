@@ -8,7 +8,9 @@ of each of three subsets; see ``envs_jax/data/boxoban/README.md``.
 The builder never downloads: ``_split_generators`` reads the text files from the
 installed package with ``importlib.resources``. Prepare with
 ``file_format="array_record"`` and read with ``as_data_source()`` (no
-TensorFlow needed); ``envs_jax.load_boxoban_levels`` does both.
+TensorFlow needed); ``envs_jax.load_boxoban_levels`` does both. This module
+imports the level files' names and format from ``envs_jax._src.boxoban_levels``
+only, never the loader that imports it.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from __future__ import annotations
 import numpy as np
 import tensorflow_datasets as tfds
 
-from envs_jax._src import boxoban_data
+from envs_jax._src import boxoban_levels
 
-_GRID = boxoban_data.GRID_SIZE
-SUBSETS = boxoban_data.SUBSETS
+_GRID = boxoban_levels.GRID_SIZE
+SUBSETS = boxoban_levels.SUBSETS
 
 _DESCRIPTION = """\
 Boxoban: 10x10 Sokoban levels with 4 boxes, published by DeepMind (Guez et al.
@@ -58,7 +60,7 @@ class Builder(tfds.core.GeneratorBasedBuilder):
           name=name,
           description=f"Boxoban {name} levels (1000, from {'/'.join(parts[2:])}).",
       )
-      for name, parts in boxoban_data.SUBSET_FILES.items()
+      for name, parts in boxoban_levels.SUBSET_FILES.items()
   ]
   DEFAULT_BUILDER_CONFIG_NAME = "unfiltered-test"
 
@@ -84,8 +86,8 @@ class Builder(tfds.core.GeneratorBasedBuilder):
     return {"test": self._generate_examples(self.builder_config.name)}
 
   def _generate_examples(self, subset: str):
-    text = boxoban_data.subset_file(subset).read_text(encoding="ascii")
-    for index, grid in boxoban_data.parse_levels(text):
+    text = boxoban_levels.subset_file(subset).read_text(encoding="ascii")
+    for index, grid in boxoban_levels.parse_levels(text):
       yield index, {
           "level_index": index,
           "grid": grid,
