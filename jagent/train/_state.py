@@ -147,7 +147,7 @@ def init_train_state(params: models.Params, key: jax.Array, *,
   """Builds the initial :class:`TrainState`.
 
   Optimizer states are created under ``jax.jit`` (so their scalar counters
-  are placed like the parameters; see shared/STACK.md).
+  are placed like the parameters, which orbax needs to save them multi-process).
 
   Args:
     params: initial policy parameters (e.g. an SFT checkpoint).
