@@ -117,7 +117,7 @@ class TransformerTest(chex.TestCase):
   def test_remat_keeps_values_and_gradients(self):
     # config.remat wraps each block in jax.checkpoint: same logits and
     # gradients (XLA:CPU's memory analysis shows no saving from it: see
-    # README "Scaling out").
+    # docs/scaling.md, per-device memory).
     cfg = CFG.replace(remat=True)
 
     def loss(p, config):
