@@ -164,11 +164,11 @@ _CONFIGS: dict[str, ModelConfig] = {
     # ~0.16M parameters: the fastest CPU policy (narrow and shallow; attention
     # over [heads, S, S] dominates training on long multi-turn contexts).
     "nano": _NANO,
-    # ~0.28M parameters: "nano" with 4 layers, the main job's policy. Two
-    # layers stayed at uniform actions after SFT on Sokoban; four learn it.
+    # ~0.28M parameters: "nano" with 4 layers, the main job's policy (why
+    # four layers: docs/results.md, "Model sizes").
     "micro": dataclasses.replace(_NANO, num_layers=4),
     # ~10.8M parameters (d384, 6 layers, vocab 8k): the size of the CPU
-    # throughput references in docs/results.md.
+    # kernel measurements in docs/results.md.
     "small-10m": ModelConfig(
         family="qwen2", vocab_size=8192, embed_dim=384, num_layers=6, num_heads=6,
         num_kv_heads=2, head_dim=64, mlp_dim=768, qkv_bias=True, tie_embeddings=True,

@@ -124,7 +124,8 @@ def _categorical_weights(key: jax.Array, probs: jax.Array, block: int = 128) -> 
   block of ``block`` ids whose cumulative mass crosses it, then the id inside
   that block (XLA's CPU cumsum over a long axis is slow). Both cumulative
   sums are products with an upper-triangular matrix of ones: XLA:CPU lowers
-  ``cumsum`` to a ``reduce_window`` that took ~0.3 ms per call at [64, 128].
+  ``cumsum`` to a slower ``reduce_window`` (measured in docs/results.md,
+  "Model kernels on XLA:CPU").
   Zero entries are never drawn.
   """
   b, v = probs.shape
@@ -148,8 +149,8 @@ def _argmax(x: jax.Array) -> jax.Array:
   """int32 [B]: ``jnp.argmax(x, axis=-1)`` of float [B, V] (first maximum; first NaN).
 
   As two vectorized reductions (the maximum, then the first index holding
-  it): XLA:CPU's fused value-and-index reduction of ``argmax`` took ~4 ns per
-  entry, 2 ms per step at B = 64, V = 8k.
+  it): XLA:CPU's fused value-and-index reduction of ``argmax`` is slower
+  (measured in docs/results.md, "Model kernels on XLA:CPU").
   """
   v = x.shape[-1]
   hit = (x == jnp.max(x, axis=-1, keepdims=True)) | jnp.isnan(x)
@@ -200,8 +201,9 @@ def sample_logits(logits: jax.Array, key: jax.Array, sampling: SamplingConfig
   else:
     # Nucleus alone: sort only the _NUCLEUS_PREFIX most likely ids when the
     # nucleus of every row lies among them (a trained policy's usually
-    # does); otherwise the whole vocabulary (a full sort of [64, 8k] took
-    # ~140 ms on XLA:CPU, the prefix ~2.5 ms). Same kept set either way.
+    # does); otherwise the whole vocabulary (a full sort is far slower on
+    # XLA:CPU: docs/results.md, "Model kernels on XLA:CPU"). Same kept set
+    # either way.
     head = jnp.exp(jax.lax.top_k(shifted, _NUCLEUS_PREFIX)[0] - log_z[:, None])
     fits = jnp.all(jnp.sum(head, axis=-1) >= sampling.top_p)
     tok, slp = jax.lax.cond(

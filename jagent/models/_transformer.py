@@ -74,11 +74,12 @@ class KVCache:
 
   Rotary embeddings are already applied to the cached keys. Keys are stored
   transposed, slots last ([B, K, Dh, S]), so that the scores of the G query
-  heads of a key/value head are one [G, Dh] x [Dh, S] product per row: on
-  XLA:CPU a decode step's attention ran 1.3-1.9x faster than over keys laid
-  out [B, K, S, Dh] (the [S, Dh] x [Dh] products reduce over the short minor
-  axis). Values stay [B, K, S, Dh]. Slots at or past ``lengths[b]`` hold
-  garbage and are never attended to by valid queries.
+  heads of a key/value head are one [G, Dh] x [Dh, S] product per row, which
+  made a decode step's attention faster on XLA:CPU than keys laid out
+  [B, K, S, Dh] (those [S, Dh] x [Dh] products reduce over the short minor
+  axis; measured in docs/results.md, "Model kernels on XLA:CPU"). Values stay
+  [B, K, S, Dh]. Slots at or past ``lengths[b]`` hold garbage and are never
+  attended to by valid queries.
   """
   k: tuple[jax.Array, ...]  # L x shape=[B, K, Dh, S], dtype=dtype  (batch, kv_heads, head_dim, cache_seq)
   v: tuple[jax.Array, ...]  # L x shape=[B, K, S, Dh]  (batch, kv_heads, cache_seq, head_dim)
@@ -238,8 +239,9 @@ def _materialized(xs):
   XLA:CPU fuses a cheap-to-index producer into every consumer fusion and,
   inside a fusion, evaluates it once per consumer element: the rotary cos/sin
   of [B, T, Dh/2] were recomputed per query/key element in every layer's
-  projection fusions (4 transcendentals per element pair and head; ~8% of a
-  multi-turn rollout). Writing one element of each array onto itself with a
+  projection fusions (4 transcendentals per element pair and head; a
+  noticeable share of a rollout, measured in docs/results.md, "Model kernels
+  on XLA:CPU"). Writing one element of each array onto itself with a
   ``dynamic_update_slice`` (an in-place update, which needs its operand in
   memory) makes XLA materialize them once; the values are unchanged.
   """
@@ -349,7 +351,8 @@ def _dense(x: jax.Array, w: jax.Array) -> jax.Array:
 
   Equal to the einsum; flattening the leading axes first matters on XLA:CPU,
   where the weight gradient of a 3-D einsum (a contraction over batch and
-  time) ran ~3x slower than that of the 2-D matmul.
+  time) is several times slower than that of the 2-D matmul (measured in
+  docs/results.md, "Model kernels on XLA:CPU").
   """
   lead = x.shape[:-1]
   # The weight keeps its output axes (no reshape), so a sharded minor output
@@ -366,9 +369,9 @@ def _qkv_projection(h_btd, lp, cos_btf, sin_btf, dtype):
   are stacked ``[D, K, G + 2, Dh]`` (query head ``h = k * G + g`` uses
   key/value head ``k``, as in grouped-query attention, Ainslie et al. 2023,
   https://arxiv.org/abs/2305.13245), so the three projections are one
-  [B*T, D] x [D, K*(G+2)*Dh] product: on XLA:CPU a decode step of the
-  ``small-10m`` config (64 rows) ran ~20% faster than with three products
-  (and the gate/up pair of the MLP as one). The stacking keeps the K axis
+  [B*T, D] x [D, K*(G+2)*Dh] product, faster on XLA:CPU than three products
+  (as is the gate/up pair of the MLP as one; measured in
+  docs/results.md, "Model kernels on XLA:CPU"). The stacking keeps the K axis
   leading, so a ``KV_HEADS``-sharded layout stays local; inside a decode loop
   XLA hoists it out of the loop (the weights are loop-invariant).
   """
@@ -391,8 +394,8 @@ def _causal_attention(q_btkgh, k_btkh, v_btkh, mask_btt, dtype):
   ``mask[b, t, s]`` false for ``s > t``), computed per block of queries
   against only the keys up to the block's end, with heads leading
   ([B, H, T, Dh], K/V heads repeated over their G query heads). On XLA:CPU
-  this ran 3.3x faster forward + backward and 4.7x forward at T=421 than the
-  [B, K, G, T, S] form (2-core CPU, B=16, H=4, Dh=16).
+  this is several times faster than the [B, K, G, T, S] form (measured in
+  docs/results.md, "Model kernels on XLA:CPU").
 
   Args:
     q_btkgh: queries [B, T, K, G, Dh].
