@@ -367,8 +367,11 @@ class PublicApiTest(parameterized.TestCase):
     self.assertEmpty(heavy)
 
   def test_registered_ids(self):
-    envs_jax = importlib.import_module("envs_jax")
-    self.assertEqual(sorted(envs_jax.registered()), _REGISTERED_IDS)
+    # In a fresh process: a test may register its own toy env in this one.
+    code = "import envs_jax; print(' '.join(sorted(envs_jax.registered())))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, timeout=300)
+    self.assertEqual(out.stdout.split(), _REGISTERED_IDS)
 
 
 if __name__ == "__main__":
