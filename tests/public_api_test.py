@@ -12,6 +12,7 @@ without the models and tokenizers.
 """
 
 import importlib
+import os
 import subprocess
 import sys
 import textwrap
@@ -321,9 +322,15 @@ def _loaded_after(statement: str) -> list[str]:
       {statement}
       print("\\n".join(sorted(m for m in sys.modules if m.startswith("jagent."))))
   """)
+  return _run_fresh(code).split()
+
+
+def _run_fresh(code: str) -> str:
+  """Runs ``code`` in a new interpreter with this one's import path; its stdout."""
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
   out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                       text=True, timeout=300)
-  return out.stdout.split()
+                       text=True, timeout=300, env=env)
+  return out.stdout
 
 
 class PublicApiTest(parameterized.TestCase):
@@ -369,9 +376,7 @@ class PublicApiTest(parameterized.TestCase):
   def test_registered_ids(self):
     # In a fresh process: a test may register its own toy env in this one.
     code = "import envs_jax; print(' '.join(sorted(envs_jax.registered())))"
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                         text=True, timeout=300)
-    self.assertEqual(out.stdout.split(), _REGISTERED_IDS)
+    self.assertEqual(_run_fresh(code).split(), _REGISTERED_IDS)
 
 
 if __name__ == "__main__":
