@@ -25,14 +25,15 @@ PACKAGES = (
 )
 
 ENVS_JAX_SURFACE = {
-    "AutoReset", "BOXOBAN_SUBSETS", "Bandit", "BanditParams", "BanditState",
+    "AgentDefaults", "AutoReset", "BOXOBAN_SUBSETS", "Bandit", "BanditParams", "BanditState",
     "Countdown", "CountdownParams", "CountdownState", "Environment", "FrozenLake",
     "FrozenLakeParams", "FrozenLakeState", "PAD_SYMBOL", "Sokoban",
     "SokobanGenerationInfo", "SokobanGeneratorConfig", "SokobanParams",
     "SokobanSolution", "SokobanState", "TimeLimit", "TimeLimitState", "Wrapper",
     "countdown_reference_reward", "countdown_reward", "encode_countdown_answer",
     "generate_countdown_instance", "grid_render_symbols", "load_boxoban_levels",
-    "make", "make_countdown_params", "register", "registered",
+    "actions_sentence", "make", "make_countdown_params", "number_symbols", "register",
+    "registered",
     "sokoban_levels_from_ascii", "solve_countdown", "solve_frozen_lake",
     "solve_sokoban", "solve_sokoban_batch", "tree_select",
 }
