@@ -21,8 +21,11 @@ from envs_jax._src.countdown import generate_instance as generate_countdown_inst
 from envs_jax._src.countdown import make_params as make_countdown_params
 from envs_jax._src.countdown_reference import reference_reward as countdown_reference_reward
 from envs_jax._src.countdown_reference import solve as solve_countdown
+from envs_jax._src.environment import actions_sentence
+from envs_jax._src.environment import AgentDefaults
 from envs_jax._src.environment import Environment
 from envs_jax._src.environment import grid_render_symbols
+from envs_jax._src.environment import number_symbols
 from envs_jax._src.environment import PAD_SYMBOL
 from envs_jax._src.environment import tree_select
 from envs_jax._src.frozen_lake import FrozenLake
@@ -50,6 +53,7 @@ from envs_jax._src.wrappers import Wrapper
 from envs_jax._src import register_all as _register_all  # noqa: F401
 
 __all__ = (
+    "AgentDefaults",
     "AutoReset",
     "Bandit",
     "BanditParams",
@@ -66,6 +70,7 @@ __all__ = (
     "TimeLimit",
     "TimeLimitState",
     "Wrapper",
+    "actions_sentence",
     "countdown_reference_reward",
     "countdown_reward",
     "encode_countdown_answer",
@@ -74,6 +79,7 @@ __all__ = (
     "load_boxoban_levels",
     "make",
     "make_countdown_params",
+    "number_symbols",
     "register",
     "registered",
     "solve_countdown",

@@ -259,6 +259,7 @@ _SURFACES["jagent.sharding"] = [
 ]
 
 _SURFACES["envs_jax"] = [
+    "AgentDefaults",
     "AutoReset",
     "BOXOBAN_SUBSETS",
     "Bandit",
@@ -281,6 +282,7 @@ _SURFACES["envs_jax"] = [
     "TimeLimit",
     "TimeLimitState",
     "Wrapper",
+    "actions_sentence",
     "countdown_reference_reward",
     "countdown_reward",
     "encode_countdown_answer",
@@ -289,6 +291,7 @@ _SURFACES["envs_jax"] = [
     "load_boxoban_levels",
     "make",
     "make_countdown_params",
+    "number_symbols",
     "register",
     "registered",
     "sokoban_levels_from_ascii",

@@ -86,51 +86,6 @@ class BanditState:
   reward: jax.Array  # shape=(), dtype=float32
 
 
-def number_symbols(
-    x: jax.Array, digit0_id: int, dot_id: int, minus_id: int,
-    int_digits: int = _INT_DIGITS, frac_digits: int = _FRAC_DIGITS,
-) -> jax.Array:
-  """Symbol ids of ``x`` written as Python's ``str(float)`` writes short decimals.
-
-  ``x`` is rounded to ``frac_digits`` decimals; trailing decimal zeros are
-  dropped but one decimal is always kept ("0.1", "1.0", "0.25", "-2.5").
-  Unused slots hold the pad id 0, so joining the symbols gives the text.
-  Exact (equal to ``str(round(float(x), frac_digits))``) for
-  ``|x| < 10**int_digits`` where float32 holds enough digits, i.e. at most
-  seven significant digits; larger magnitudes saturate at all nines.
-
-  Args:
-    x: float32 scalar.
-    digit0_id: symbol id of "0"; "1".."9" must follow it consecutively.
-    dot_id: symbol id of ".".
-    minus_id: symbol id of "-".
-    int_digits: static number of integer-digit slots.
-    frac_digits: static number of decimal slots.
-
-  Returns:
-    int32 [1 + int_digits + 1 + frac_digits] symbol ids.
-  """
-  scale = 10 ** frac_digits
-  limit = 10 ** (int_digits + frac_digits) - 1
-  q = jnp.minimum(jnp.round(jnp.abs(x) * scale), limit).astype(jnp.int32)
-  ip, fp = q // scale, q % scale
-  sign = jnp.where((x < 0) & (q > 0), minus_id, 0)
-  int_pows = jnp.asarray([10 ** (int_digits - 1 - k) for k in range(int_digits)],
-                         jnp.int32)
-  int_d = (ip // int_pows) % 10
-  int_show = (ip >= int_pows) | (jnp.arange(int_digits) == int_digits - 1)
-  frac_pows = jnp.asarray([10 ** (frac_digits - 1 - k) for k in range(frac_digits)],
-                          jnp.int32)
-  frac_d = (fp // frac_pows) % 10
-  frac_show = ((fp % (frac_pows * 10)) > 0) | (jnp.arange(frac_digits) == 0)
-  return jnp.concatenate([
-      sign[None],
-      jnp.where(int_show, digit0_id + int_d, 0),
-      jnp.asarray([dot_id], jnp.int32),
-      jnp.where(frac_show, digit0_id + frac_d, 0),
-  ]).astype(jnp.int32)
-
-
 class Bandit(environment.Environment[BanditState, BanditParams]):
   """RAGEN's two-arm bandit: guess the better arm from its name, pull once.
 
@@ -203,6 +158,19 @@ class Bandit(environment.Environment[BanditState, BanditParams]):
     self._dot = self._digit0 + 10
     self._minus = self._dot + 1
 
+  # One turn, one pull; "<answer>Librarian</answer>" + EOS is 10 tiny-tokenizer tokens.
+  agent_defaults = environment.AgentDefaults(
+      max_turns=1, max_actions_per_traj=1, max_tokens_per_turn=12,
+      system="You play a bandit game.")
+  expert_think_text = "Its name suggests the higher reward."
+  # Short: the state text is RAGEN's own prompt, rules included.
+  instructions = "You play a two-armed bandit game and pull one arm."
+
+  def expert_answers(self, states, params, *, actions_per_turn=1, **options):
+    """The high arm's name for every state (the expert knows the payouts)."""
+    del params, actions_per_turn, options
+    return [self.high_name] * len(states)
+
   @property
   def default_params(self) -> BanditParams:
     return BanditParams(
@@ -250,7 +218,9 @@ class Bandit(environment.Environment[BanditState, BanditParams]):
       if i < len(_TEMPLATE) - 1:
         parts.append(names[i % 2])
     prompt = jnp.stack(parts).astype(jnp.int32)
-    number = number_symbols(state.reward, self._digit0, self._dot, self._minus)
+    number = environment.number_symbols(
+        state.reward, self._digit0, int_digits=_INT_DIGITS, frac_digits=_FRAC_DIGITS,
+        dot_id=self._dot, minus_id=self._minus)
     pulled = jnp.concatenate([
         (self._name0 + jnp.maximum(state.pulled, 0))[None].astype(jnp.int32),
         jnp.asarray([self._after_name], jnp.int32),

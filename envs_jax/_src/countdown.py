@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from envs_jax._src import countdown_reference
 from envs_jax._src import environment
 from envs_jax._src import registration
 
@@ -78,9 +79,9 @@ _BYTE_CLASS = _byte_class_table()
 class CountdownParams:
   """Tunable parameters of :class:`Countdown` (a pytree; vmappable).
 
-  Defaults follow REFERENCE.md (rewards 0 / 0.1 / 1, tolerance 1e-5) and the
-  Stream-of-Search generator behind TinyZero's ``Countdown-Tasks-3to4`` data
-  (numbers in [1, 99], targets in [10, 100]).
+  Defaults follow RAGEN's ``ragen/env/countdown/env.py`` (rewards 0 / 0.1 / 1,
+  tolerance 1e-5) and the Stream-of-Search generator behind TinyZero's
+  ``Countdown-Tasks-3to4`` data (numbers in [1, 99], targets in [10, 100]).
 
   Attributes:
     reward_correct: reward of a correct answer.
@@ -525,7 +526,8 @@ def countdown_reward(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Countdown reward of one answer, computed on device.
 
-  Rules (REFERENCE.md; RAGEN's ``compute_reward``), with exact arithmetic:
+  Rules (RAGEN's ``compute_reward``, ``ragen/env/countdown/env.py``), with exact
+  arithmetic:
 
   * ``reward_wrong_numbers`` (0) unless the maximal ASCII digit runs of the
     answer, read as integers, equal ``numbers[:count]`` as a multiset (so an
@@ -535,7 +537,7 @@ def countdown_reward(
     ``|v - target| < 1 / inv_tolerance``.
   * Else ``reward_format`` (0.1): malformed, division by zero, or wrong value.
     NOTE: TinyZero's ``compute_score`` also gives 0.1 for wrong numbers; we
-    follow REFERENCE.md (0), like RAGEN's env.
+    follow RAGEN's env (0).
 
   Grammar (Python 3 arithmetic restricted to these tokens; whitespace = space,
   TAB, LF, VT, FF, CR, allowed between tokens)::
@@ -673,21 +675,12 @@ _DIGIT_SYMBOLS = tuple(str(d) for d in range(10))
 SYMBOLS = ("",) + _DIGIT_SYMBOLS + ("-", "Target: ", ", nums: [", ", ", "]")
 _ID = {s: i for i, s in enumerate(SYMBOLS)}
 _INT_SLOTS = 11  # sign + 10 digits covers every int32
-_POW10 = np.array([10**k for k in range(9, -1, -1)], np.uint32)
 
 
 def _int_symbols(x: jax.Array) -> jax.Array:
   """int32 scalar -> int32 [11] symbol ids, -1 in unused leading slots."""
-  x = jnp.asarray(x, jnp.int32)
-  neg = x < 0
-  bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
-  mag = jnp.where(neg, ~bits + jnp.uint32(1), bits)  # |x|, also for -2**31
-  pow10 = jnp.asarray(_POW10)
-  digits = (mag // pow10) % jnp.uint32(10)
-  shown = (mag >= pow10) | (jnp.arange(10) == 9)
-  ids = jnp.where(shown, digits.astype(jnp.int32) + _ID["0"], -1)
-  sign = jnp.where(neg, _ID["-"], -1)
-  return jnp.concatenate([sign[None], ids])
+  return environment.number_symbols(x, _ID["0"], int_digits=_INT_SLOTS - 1,
+                                    minus_id=_ID["-"], pad_id=-1)
 
 
 def _compact(ids: jax.Array) -> jax.Array:
@@ -742,6 +735,15 @@ class Countdown(environment.Environment[CountdownState, CountdownParams]):
 
   symbols = SYMBOLS
   action_names = ()
+  # One turn; the reply budget holds a 4-number expression answer and the EOS.
+  agent_defaults = environment.AgentDefaults(
+      max_turns=1, max_actions_per_traj=1, max_tokens_per_turn=24,
+      system="You play Countdown.")
+  expert_think_text = "I combine the numbers to reach the target."
+  instructions = ("You play Countdown. Combine all the given numbers, each exactly once, "
+                  "with +, -, * and / and parentheses into an expression equal to the "
+                  "target. Answer with the expression only, for example "
+                  "<answer>(12 - 4) * 3</answer>.")
 
   def __init__(self, plus_minus_only: bool = True, max_answer_bytes: int = 128):
     if not isinstance(plus_minus_only, (bool, np.bool_)):
@@ -803,6 +805,46 @@ class Countdown(environment.Environment[CountdownState, CountdownParams]):
     tests, not as a baseline policy.
     """
     return jax.random.bits(key, (self.max_answer_bytes,), jnp.uint8)
+
+  def expert_answers(self, states, params, *, actions_per_turn=1, **options):
+    """An expression reaching each state's target (host side).
+
+    :func:`envs_jax.solve_countdown` with ``+ -`` first, then ``+ - * /``; an
+    instance it cannot solve gets the numbers joined by ``+`` (right numbers,
+    wrong value).
+
+    Args:
+      states: unbatched :class:`CountdownState` s with numpy leaves.
+      params: their params (unused).
+      actions_per_turn: unused (one answer per episode).
+      **options: other games' solver settings (ignored).
+
+    Returns:
+      One expression per state.
+    """
+    del params, actions_per_turn, options
+    out = []
+    for s in states:
+      nums = [int(x) for x in np.asarray(s.numbers)[:int(s.count)]]
+      target = int(s.target)
+      out.append(countdown_reference.solve(nums, target, plus_minus_only=True)
+                 or countdown_reference.solve(nums, target)
+                 or " + ".join(str(n) for n in nums))
+    return out
+
+  def random_answers(self, states, rng, *, actions_per_turn=1):
+    """The numbers of each state shuffled and joined by random ``+`` / ``-``.
+
+    Right numbers, mostly the wrong value: the answer format only.
+    ``actions_per_turn`` is unused.
+    """
+    del actions_per_turn
+    out = []
+    for s in states:
+      nums = [int(x) for x in rng.permutation(np.asarray(s.numbers)[:int(s.count)])]
+      ops = rng.choice(["+", "-"], size=len(nums) - 1)
+      out.append(" ".join([str(nums[0])] + [f"{o} {n}" for o, n in zip(ops, nums[1:])]))
+    return out
 
   def observation(self, state: CountdownState) -> jax.Array:
     """int32 [6]: ``[n0, n1, n2, n3, count, target]``."""

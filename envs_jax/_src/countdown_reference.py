@@ -250,8 +250,9 @@ def reference_reward(
 ) -> ReferenceResult:
   """Countdown reward of one answer, computed on the host.
 
-  Implements REFERENCE.md's Countdown reward: 0 if the numbers used are not
-  exactly ``numbers`` (as a multiset), 0.1 if they are but the expression is
+  Implements RAGEN's Countdown reward (``ragen/env/countdown/env.py``): 0 if
+  the numbers used are not exactly ``numbers`` (as a multiset), 0.1 if they
+  are but the expression is
   malformed, divides by zero or misses the target, 1.0 if it evaluates to
   within ``1 / inv_tolerance`` of ``target`` (strictly; exact rationals).
   Unlike TinyZero's ``compute_score`` (0.1 for wrong numbers too), wrong

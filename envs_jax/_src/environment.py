@@ -19,12 +19,20 @@ strings; id 0 is always the empty padding symbol ``""``). The device-side
 ``env.render_symbols(state)`` returns a fixed-length int32 vector of symbol ids
 whose texts, concatenated, equal the host-side ``env.render_text(state)``
 exactly. The text layer maps symbol ids to tokenizer ids later.
+
+What the agent layer needs of a game lives on the game too, so that adding an
+environment touches no code in ``jagent``: :attr:`Environment.instructions`
+(the prompt's rules text), :attr:`Environment.agent_defaults` (episode budgets
+a config starts from), and the expert hooks :meth:`Environment.expert_answers`
+and :meth:`Environment.random_answers` that ``jagent.rollout.make_expert``
+calls for SFT demonstrations.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Any, Generic, TypeVar
+import dataclasses
+from typing import Any, Generic, Sequence, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -39,12 +47,36 @@ StepResult = tuple[Any, Any, jax.Array, jax.Array, jax.Array, dict[str, jax.Arra
 PAD_SYMBOL = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class AgentDefaults:
+  """An environment's episode budgets and system message for agent configs.
+
+  ``experiments/configs/tiny.py`` reads these instead of a per-game table.
+  RAGEN's multi-turn games use 5 turns and 10 actions per episode.
+
+  Attributes:
+    max_turns: replies per episode.
+    max_actions_per_traj: environment actions per episode.
+    max_tokens_per_turn: reply budget in tokens of the shipped tiny
+      tokenizer: the longest expert reply (EOS included) plus 2 tokens of
+      slack.
+    system: the system message of the tiny config's prompt.
+  """
+
+  max_turns: int
+  max_actions_per_traj: int
+  max_tokens_per_turn: int
+  system: str
+
+
 class Environment(abc.ABC, Generic[EnvState, EnvParams]):
   """Abstract base of a pure, jittable, batched environment.
 
   Subclasses implement :meth:`default_params`, :meth:`reset_env`,
   :meth:`step_env`, :meth:`observation` and :meth:`render_symbols`, and set the
-  class/instance attributes ``symbols`` and ``action_names``.
+  class/instance attributes ``symbols`` and ``action_names``. A game that
+  agents train on also sets :attr:`instructions` and ``agent_defaults`` and,
+  for SFT demonstrations, implements :meth:`expert_answers`.
 
   Attributes:
     symbols: tuple of str. ``symbols[i]`` is the text of symbol id ``i``;
@@ -53,10 +85,15 @@ class Environment(abc.ABC, Generic[EnvState, EnvParams]):
       action ``a`` as a model writes it (RAGEN's names, case as in the prompt).
       Empty for free-text environments (Countdown), whose action is a byte
       buffer.
+    agent_defaults: the :class:`AgentDefaults` configs start from; None:
+      a config must set the budgets itself.
+    expert_think_text: the reasoning text of the expert's think-mode replies.
   """
 
   symbols: tuple[str, ...] = (PAD_SYMBOL,)
   action_names: tuple[str, ...] = ()
+  agent_defaults: AgentDefaults | None = None
+  expert_think_text: str = "I follow the expert's plan."
 
   # ----------------------------------------------------------------- params
   @property
@@ -156,6 +193,67 @@ class Environment(abc.ABC, Generic[EnvState, EnvParams]):
       )
     return "".join(self.symbols[i] for i in ids)
 
+  @property
+  def instructions(self) -> str | None:
+    """The rules text of the prompt's first user message, or None if none.
+
+    Goal and rules, the symbol legend of grid games and the answer format
+    (see :func:`actions_sentence`). Read by
+    ``jagent.rollout.default_instructions``.
+    """
+    return None
+
+  # ---------------------------------------------------------------- expert
+  def expert_answers(self, states: Sequence[EnvState], params: Sequence[EnvParams],
+                     *, actions_per_turn: int = 1, **options: Any) -> list[str]:
+    """The scripted expert's answer text for each of several states (host side).
+
+    ``jagent.rollout.make_expert`` calls this every turn and wraps each text
+    in ``<answer>..</answer>``; a discrete game answers action names joined
+    by ``" || "``.
+
+    Args:
+      states: unbatched states with numpy leaves (wrapper states removed).
+      params: the ``EnvParams`` of each state's episode (None where the
+        caller has none; games whose expert reads params require them).
+      actions_per_turn: actions per answer, at most.
+      **options: solver settings by name (e.g. ``max_nodes``); an env
+        ignores those it does not use, so one call serves every game.
+
+    Returns:
+      One answer text per state.
+
+    Raises:
+      NotImplementedError: for an environment without an expert.
+    """
+    raise NotImplementedError(f"{self.name} has no expert")
+
+  def random_answers(self, states: Sequence[EnvState], rng: np.random.Generator, *,
+                     actions_per_turn: int = 1) -> list[str]:
+    """Uniformly random answers in the game's format (host side).
+
+    Demonstrations of the reply format only. Discrete games: for each state,
+    ``actions_per_turn`` action names drawn uniformly (one
+    ``rng.integers(num_actions, size=(len(states), actions_per_turn))``
+    call), joined by ``" || "``.
+
+    Args:
+      states: unbatched states with numpy leaves (wrapper states removed).
+      rng: the numpy generator drawn from.
+      actions_per_turn: actions per answer.
+
+    Returns:
+      One answer text per state.
+
+    Raises:
+      NotImplementedError: for a free-text environment that does not
+        override it.
+    """
+    if self.num_actions == 0:
+      raise NotImplementedError(f"{self.name} has no random answers")
+    picks = rng.integers(self.num_actions, size=(len(states), actions_per_turn))
+    return [" || ".join(self.action_names[a] for a in row) for row in picks]
+
   # ------------------------------------------------------------ metadata
   @property
   def name(self) -> str:
@@ -199,6 +297,110 @@ def check_discrete_action(env: Environment, action: Any) -> None:
         f"{env.name}: action {action!r} is out of range [0, {env.num_actions}) "
         f"for actions {env.action_names!r}"
     )
+
+
+def actions_sentence(action_names: Sequence[str]) -> str:
+  """The answer-format sentence of a discrete game's instructions.
+
+  Args:
+    action_names: the game's action names (at least one).
+
+  Returns:
+    ``"Your actions are A, B; give one or more, separated by ||, for example
+    <answer>A || B</answer>."``
+
+  Raises:
+    ValueError: for no action names.
+  """
+  names = tuple(action_names)
+  if not names:
+    raise ValueError("actions_sentence: a free-text game has no action names")
+  example = " || ".join(names[:2]) if len(names) > 1 else names[0]
+  return (f"Your actions are {', '.join(names)}; give one or more, separated by ||, "
+          f"for example <answer>{example}</answer>.")
+
+
+def number_symbols(x: jax.Array, digit0_id: int, *, int_digits: int,
+                   frac_digits: int = 0, dot_id: int | None = None,
+                   minus_id: int | None = None, pad_id: int = 0) -> jax.Array:
+  """Symbol ids of a number written as Python's ``str`` writes it.
+
+  The one number renderer of the environments and the text layer.
+
+  * Integer ``x`` (``frac_digits`` 0): its decimal digits, exact for every
+    int32 (``int_digits=10``), e.g. ``"-42"``.
+  * Float ``x``: rounded to ``frac_digits`` decimals; trailing decimal zeros
+    are dropped but one decimal is always kept (``"0.1"``, ``"1.0"``,
+    ``"-2.5"``), i.e. ``str(round(float(x), frac_digits))`` while float32
+    holds enough digits (at most seven significant ones).
+
+  Magnitudes of ``10**int_digits`` or more saturate at all nines; without a
+  ``minus_id`` negative numbers render as 0. Unused slots hold ``pad_id``, so
+  joining the symbols of the non-pad ids gives the text.
+
+  Args:
+    x: int or float scalar (traced or concrete).
+    digit0_id: symbol id of "0"; "1".."9" follow it consecutively.
+    int_digits: static number of integer-digit slots (1-10).
+    frac_digits: static number of decimal slots (float ``x`` only).
+    dot_id: symbol id of "." (required when ``frac_digits > 0``).
+    minus_id: symbol id of "-"; None: no sign slot.
+    pad_id: id of the unused slots (0 is the empty symbol).
+
+  Returns:
+    int32 ``[(minus_id is not None) + int_digits + (1 + frac_digits if
+    frac_digits else 0)]``: sign, integer digits, dot, decimals.
+
+  Raises:
+    ValueError: ``int_digits`` outside [1, 10], a negative ``frac_digits``,
+      decimals of an integer ``x``, more than 9 digits in all for a float,
+      or decimals without a ``dot_id``.
+  """
+  if not 1 <= int_digits <= 10 or frac_digits < 0:
+    raise ValueError(f"number_symbols: int_digits={int_digits!r} must be in [1, 10] and "
+                     f"frac_digits={frac_digits!r} >= 0")
+  if frac_digits and dot_id is None:
+    raise ValueError(f"number_symbols: frac_digits={frac_digits} needs a dot_id")
+  x = jnp.asarray(x)
+  if jnp.issubdtype(x.dtype, jnp.integer):
+    if frac_digits:
+      raise ValueError(f"number_symbols: frac_digits={frac_digits} for an integer "
+                       f"x of dtype {x.dtype}")
+    x = x.astype(jnp.int32)
+    neg = x < 0
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    mag = jnp.where(neg, ~bits + jnp.uint32(1), bits)  # |x|, also for -2**31
+    if minus_id is None:
+      mag = jnp.where(neg, jnp.uint32(0), mag)
+    ip, fp = mag, None
+  else:
+    if int_digits + frac_digits > 9:
+      raise ValueError(f"number_symbols: int_digits + frac_digits = "
+                       f"{int_digits + frac_digits} > 9 overflows int32 for a float x")
+    scale = 10 ** frac_digits
+    q = jnp.round(jnp.abs(x.astype(jnp.float32)) * scale)
+    q = jnp.minimum(q, 10 ** (int_digits + frac_digits) - 1).astype(jnp.int32)
+    neg = (x < 0) & (q > 0)
+    if minus_id is None:
+      q = jnp.where(x < 0, 0, q)
+    ip, fp = (q // scale).astype(jnp.uint32), q % scale
+  if int_digits < 10:
+    ip = jnp.minimum(ip, jnp.uint32(10 ** int_digits - 1))
+  int_pows = jnp.asarray([10 ** (int_digits - 1 - k) for k in range(int_digits)],
+                         jnp.uint32)
+  int_d = ((ip // int_pows) % jnp.uint32(10)).astype(jnp.int32)
+  int_show = (ip >= int_pows) | (jnp.arange(int_digits) == int_digits - 1)
+  parts = [jnp.where(int_show, digit0_id + int_d, pad_id)]
+  if minus_id is not None:
+    parts.insert(0, jnp.where(neg, minus_id, pad_id)[None])
+  if frac_digits:
+    frac_pows = jnp.asarray([10 ** (frac_digits - 1 - k) for k in range(frac_digits)],
+                            jnp.int32)
+    frac_d = (fp // frac_pows) % 10
+    frac_show = ((fp % (frac_pows * 10)) > 0) | (jnp.arange(frac_digits) == 0)
+    parts += [jnp.asarray([dot_id], jnp.int32),
+              jnp.where(frac_show, digit0_id + frac_d, pad_id)]
+  return jnp.concatenate(parts).astype(jnp.int32)
 
 
 def grid_render_symbols(grid_symbol_ids: jax.Array, newline_id: int) -> jax.Array:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from envs_jax._src import environment
@@ -195,6 +196,69 @@ class FrozenLake(environment.Environment[FrozenLakeState, FrozenLakeParams]):
     return ("The meaning of each symbol in the state is:\n"
             "P: player, _: empty, O: hole, G: goal, X: player in hole, "
             "√: player on goal")
+
+  # RAGEN's 5 turns and 10 actions; "<answer>Right</answer>" + EOS is 4 tokens.
+  agent_defaults = environment.AgentDefaults(
+      max_turns=5, max_actions_per_traj=10, max_tokens_per_turn=6,
+      system="You play FrozenLake.")
+  expert_think_text = "I take a shortest safe path to the goal."
+
+  @property
+  def instructions(self) -> str:
+    """Our rules text: the goal, the slipping, :attr:`legend` and the actions."""
+    return ("You play FrozenLake. Walk from the player to the goal without stepping into a "
+            "hole. The ice may be slippery: a move can slide you sideways instead.\n"
+            f"{self.legend}\n{environment.actions_sentence(self.action_names)}")
+
+  def expert_answers(self, states, params, *, actions_per_turn=1,
+                     frozen_lake_policy="shortest", gamma=0.9, **options):
+    """Replans from each state (host side; see ``jagent.rollout.make_expert``).
+
+    Args:
+      states: unbatched :class:`FrozenLakeState` s with numpy leaves.
+      params: their :class:`FrozenLakeParams` (``success_rate`` is read by
+        ``"max_success"``).
+      actions_per_turn: moves per answer.
+      frozen_lake_policy: ``"shortest"``: the first moves of a shortest
+        hole-free path, slips ignored (RAGEN's BFS demonstrations; the first
+        action when there is none); ``"max_success"``: open-loop actions
+        maximising the discounted probability of reaching the goal under
+        ``success_rate`` (value iteration), for the belief over positions
+        after the earlier ones.
+      gamma: the discount of ``"max_success"``, in (0, 1).
+      **options: other games' solver settings (ignored).
+
+    Returns:
+      Action names joined by ``" || "``, one text per state.
+
+    Raises:
+      ValueError: an unknown ``frozen_lake_policy``.
+    """
+    del options
+    # The solver module imports this one.
+    from envs_jax._src import frozen_lake_solver  # pylint: disable=g-import-not-at-top
+    if frozen_lake_policy not in ("shortest", "max_success"):
+      raise ValueError(f"FrozenLake: frozen_lake_policy={frozen_lake_policy!r}; use "
+                       "'shortest' or 'max_success'")
+    out = []
+    for s, p in zip(states, params):
+      tiles, player = np.asarray(s.tiles, np.int8), np.asarray(s.player)
+      if frozen_lake_policy == "shortest":
+        path = frozen_lake_solver.solve_frozen_lake(tiles, player)
+        path = path[:actions_per_turn] if path else (0,)
+      else:
+        n = tiles.shape[0]
+        rate = float(np.asarray(p.success_rate))
+        trans, q = frozen_lake_solver.reach_model(tiles.tobytes(), n, rate, gamma)
+        belief = np.zeros(n * n)
+        belief[player[0] * n + player[1]] = 1.0
+        path = []
+        for _ in range(actions_per_turn):  # open loop: best action for the belief
+          a = int(np.argmax(belief @ q))
+          path.append(a)
+          belief = belief @ trans[:, a]
+      out.append(" || ".join(self.action_names[a] for a in path))
+    return out
 
   # -------------------------------------------------------------- generator
   def generate_map(

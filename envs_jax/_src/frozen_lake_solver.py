@@ -7,6 +7,7 @@ and for statistics of the map generator.
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Any
 
 import numpy as np
@@ -77,3 +78,50 @@ def solve_frozen_lake(tiles: Any, player: Any) -> tuple[int, ...] | None:
         return tuple(reversed(path))
       queue.append(nxt)
   return None
+
+
+@functools.lru_cache(maxsize=4096)
+def reach_model(tiles_bytes: bytes, n: int, success_rate: float, gamma: float
+                ) -> tuple[np.ndarray, np.ndarray]:
+  """The slippery-ice model of a map and its discounted goal-reach values.
+
+  A move succeeds with ``success_rate`` and otherwise slides to either side
+  with equal probability (gymnasium's and RAGEN's slipping); holes and the
+  goal absorb. Value iteration (``gamma < 1`` contracts) gives, for each
+  cell and action, the discounted probability of reaching the goal.
+
+  Args:
+    tiles_bytes: ``tiles.tobytes()`` of int8 [n, n] tile codes (hashable,
+      so results are cached per map).
+    n: the side of the map.
+    success_rate: probability that a move goes where intended.
+    gamma: the discount, in (0, 1).
+
+  Returns:
+    ``(P, Q)``: float64 [n * n, 4, n * n] transition probabilities and
+    float64 [n * n, 4] action values.
+  """
+  tiles = np.frombuffer(tiles_bytes, np.int8).reshape(n, n)
+  cells = n * n
+  p = np.zeros((cells, 4, cells))
+  slip = (1.0 - success_rate) / 2
+  for r in range(n):
+    for c in range(n):
+      s = r * n + c
+      for a in range(4):
+        if tiles[r, c] != frozen_lake.FROZEN:  # absorbing
+          p[s, a, s] = 1.0
+          continue
+        for move, prob in ((a, success_rate), ((a + 3) % 4, slip), ((a + 1) % 4, slip)):
+          dr, dc = frozen_lake._DELTAS[move]  # pylint: disable=protected-access
+          rr, cc = min(max(r + dr, 0), n - 1), min(max(c + dc, 0), n - 1)
+          p[s, a, rr * n + cc] += prob
+  goal = (tiles.reshape(-1) == frozen_lake.GOAL).astype(np.float64)
+  stop = tiles.reshape(-1) != frozen_lake.FROZEN
+  v = goal
+  for _ in range(1000):
+    v_new = np.where(stop, goal, gamma * (p @ v).max(axis=1))
+    if np.max(np.abs(v_new - v)) < 1e-12:
+      break
+    v = v_new
+  return p, p @ v

@@ -30,6 +30,7 @@ from flax import struct
 
 from envs_jax._src import environment
 from envs_jax._src import registration
+from envs_jax._src import sokoban_solver
 from envs_jax._src import wrappers
 
 # Codes of ``SokobanState.fixed`` and of observations (RAGEN's grid lookup).
@@ -739,6 +740,53 @@ class Sokoban(environment.Environment[SokobanState, SokobanParams]):
     pairs = ", ".join(f"{s}: {m}" for s, m in
                       zip(SYMBOL_SETS[self.symbol_set], _MEANINGS))
     return "The meaning of each symbol in the state is:\n" + pairs
+
+  # RAGEN's 5 turns and 10 actions; "<answer>Right</answer>" + EOS is 4 tokens.
+  agent_defaults = environment.AgentDefaults(
+      max_turns=5, max_actions_per_traj=10, max_tokens_per_turn=6,
+      system="You play Sokoban.")
+  expert_think_text = "I follow a shortest solution."
+
+  @property
+  def instructions(self) -> str:
+    """Our rules text: the goal, the pushing rules, :attr:`legend`, the actions."""
+    return ("You play Sokoban. You are the player; push every box onto a target. Walking "
+            "into a box pushes it one cell; a box cannot be pulled, and cannot be pushed "
+            f"into a wall or another box.\n{self.legend}\n"
+            f"{environment.actions_sentence(self.action_names)}")
+
+  def expert_answers(self, states, params, *, actions_per_turn=1, max_nodes=1_000_000,
+                     **options):
+    """The first moves of a fewest-moves solution of each state (host side).
+
+    States of one shape and box count are solved together by
+    :func:`envs_jax.solve_sokoban_batch` (batched BFS). A level without a
+    solution (a box stuck), or one the search gave up on, gets the first
+    action name (valid, arbitrary).
+
+    Args:
+      states: unbatched :class:`SokobanState` s with numpy leaves.
+      params: their params (unused: moves do not depend on rewards).
+      actions_per_turn: moves per answer.
+      max_nodes: the per-level BFS node cap.
+      **options: other games' solver settings (ignored).
+
+    Returns:
+      Action names joined by ``" || "``, one text per state.
+    """
+    del params, options
+    out = [self.action_names[0]] * len(states)
+    groups: dict[tuple, list[int]] = {}
+    for i, s in enumerate(states):
+      groups.setdefault((np.shape(s.fixed), int(np.sum(s.boxes))), []).append(i)
+    for idx in groups.values():
+      sols = sokoban_solver.solve_sokoban_batch(
+          np.stack([states[i].fixed for i in idx]), np.stack([states[i].boxes for i in idx]),
+          np.stack([states[i].player for i in idx]), max_nodes=max_nodes)
+      for i, sol in zip(idx, sols):
+        if sol.solved and sol.actions:
+          out[i] = " || ".join(self.action_names[a] for a in sol.actions[:actions_per_turn])
+    return out
 
   # --------------------------------------------------------------- levels
   def generate(self, key: jax.Array) -> tuple[SokobanState, GenerationInfo]:

@@ -1,7 +1,8 @@
 """Composable environment wrappers: time limit (truncation) and auto-reset.
 
 A wrapper's state contains the inner state and never mutates it; static
-metadata (symbols, action names, legend, ...) is delegated to the inner env.
+metadata (symbols, action names, legend, ...) and the agent hooks
+(instructions, agent defaults, expert answers) are delegated to the inner env.
 """
 
 from __future__ import annotations
@@ -38,6 +39,25 @@ class Wrapper(environment.Environment):
   @property
   def default_params(self):
     return self.env.default_params
+
+  # The base class defines these, so __getattr__ would not reach the inner env.
+  @property
+  def instructions(self) -> str | None:  # type: ignore[override]
+    return self.env.instructions
+
+  @property
+  def agent_defaults(self) -> environment.AgentDefaults | None:  # type: ignore[override]
+    return self.env.agent_defaults
+
+  @property
+  def expert_think_text(self) -> str:  # type: ignore[override]
+    return self.env.expert_think_text
+
+  def expert_answers(self, states, params, **kwargs):
+    return self.env.expert_answers(states, params, **kwargs)
+
+  def random_answers(self, states, rng, **kwargs):
+    return self.env.random_answers(states, rng, **kwargs)
 
   @property
   def name(self) -> str:

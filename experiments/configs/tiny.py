@@ -16,30 +16,17 @@ from __future__ import annotations
 
 import ml_collections
 
-# Per game: turns, actions and tokens of one episode (RAGEN: 5 turns, 10 actions).
-# Reply budgets: the longest expert reply plus 2 tokens of slack; with the tiny
-# tokenizer "<answer>Right</answer>" + EOS is 4 tokens, "<answer>Librarian</answer>"
-# + EOS 10 (the tags are one token each).
-_GAMES = {
-    "Sokoban": dict(max_turns=5, max_actions_per_traj=10, max_tokens_per_turn=6,
-                    system="You play Sokoban."),
-    "Boxoban": dict(max_turns=5, max_actions_per_traj=10, max_tokens_per_turn=6,
-                    system="You play Sokoban."),
-    "FrozenLake": dict(max_turns=5, max_actions_per_traj=10, max_tokens_per_turn=6,
-                       system="You play FrozenLake."),
-    "Bandit": dict(max_turns=1, max_actions_per_traj=1, max_tokens_per_turn=12,
-                   system="You play a bandit game."),
-    "BanditTest": dict(max_turns=1, max_actions_per_traj=1, max_tokens_per_turn=12,
-                       system="You play a bandit game."),
-    "Countdown": dict(max_turns=1, max_actions_per_traj=1, max_tokens_per_turn=24,
-                      system="You play Countdown."),
-}
+import envs_jax
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The config of ``"<env id>,<algorithm>"`` (see the module docstring)."""
   env, algorithm = (arg or "Sokoban-6x6-1box-v0,starpo_s").split(",")
-  game = _GAMES[env.split("-")[0]]
+  # Each game's own episode budgets and system message (Environment.agent_defaults).
+  game = envs_jax.make(env)[0].agent_defaults
+  if game is None:
+    raise ValueError(f"environment {env!r} has no agent_defaults; set them on its "
+                     "class (envs_jax.AgentDefaults)")
   c = ml_collections.ConfigDict()
   c.env = env
   c.algorithm = algorithm
@@ -47,9 +34,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # head learns too slowly on a tiny model; pass advantage="gae" for the critic.
   # Each trajectory weighs the same in the loss (seq-mean-token-mean): with
   # token-mean, failed episodes (all turns played) outweigh solved ones
-  # (fewer turns). 150 steps of 8 x 8 from SFT checkpoints at 0.41-0.42 on
-  # 512 levels (7-token replies, lr 3e-4): token-mean 0.416 -> 0.412,
-  # seq-mean-token-mean 0.412 -> 0.441.
+  # (fewer turns). Measurements: docs/results.md, "Tuning notes of the tiny config".
   c.algorithm_kwargs = ml_collections.ConfigDict(
       {"kl_coef": 0.0, "advantage": "grpo", "aggregation": "seq-mean-token-mean"}
       if algorithm in ("starpo", "starpo_s")
@@ -73,18 +58,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # numbers or rewards to read (~60 tokens a Sokoban turn instead of ~74,
   # and attention cost grows with the square of the context).
   c.prompt = ml_collections.ConfigDict(dict(
-      system=game["system"], instructions="", first_turn="{state}\n",
+      system=game.system, instructions="", first_turn="{state}\n",
       next_turn="{state}\n", think=False,
       max_actions_per_turn=1, chat_template="chatml"))
 
   c.rollout = ml_collections.ConfigDict(dict(
-      num_groups=8, group_size=8, max_turns=game["max_turns"],
-      max_tokens_per_turn=game["max_tokens_per_turn"],
-      max_actions_per_traj=game["max_actions_per_traj"], temperature=1.0))
+      num_groups=8, group_size=8, max_turns=game.max_turns,
+      max_tokens_per_turn=game.max_tokens_per_turn,
+      max_actions_per_traj=game.max_actions_per_traj, temperature=1.0))
 
-  # SFT sits at uniform actions for a few hundred steps before the policy
-  # starts reading the grid (seen leaving it at steps ~250-450 of 1000 at lr
-  # 1e-3; 400 steps at lr 1e-3 or 3e-3 never left it).
+  # 800 steps: SFT sits at uniform actions for a few hundred steps before the
+  # policy starts reading the grid (docs/results.md).
   # expert: "solver" (BFS demonstrations) or "random" (random actions: teaches
   # the reply format only, e.g. for Bandit, whose solver would give the answer).
   c.sft = ml_collections.ConfigDict(dict(
@@ -94,14 +78,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # The uncertainty filter (top groups by in-group score std) is StarPO-S's;
   # the other objectives train on every group, as in RAGEN's comparison.
   starpo_s = algorithm == "starpo_s"
-  # lr: one Adam step moves a 0.28M policy a lot. From one SFT checkpoint
-  # (Sokoban, 0.361 on 512 levels), the first update at lr 3e-4 lowered the
-  # log-prob of the negative-advantage trajectories by ~3 nats (positives +0.2);
-  # at 1e-5 by ~0.1 (positives +0.1). 150 steps of 8 x 8: lr 3e-4 -> 0.283,
-  # 1e-4 -> 0.352, 3e-5 -> 0.369. Longer, lr 1e-4 with linear decay over 600
-  # steps: 0.344 (step 100), 0.334 (200), 0.369 (300), 0.393 (400), 0.410
-  # (500), 0.408 (600): a ~200-step dip, then ~+2.5 points per 100 steps.
-  # 500 steps fit the main job's 15 minutes on 2 cores (~0.9 s a step).
+  # lr 1e-4: one Adam step moves a 0.28M policy a lot, and larger rates
+  # lowered success; 500 steps fit the main job's 15 minutes on 2 cores
+  # (measurements: docs/results.md).
   c.rl = ml_collections.ConfigDict(dict(
       steps=500, learning_rate=1e-4, warmup_steps=10, decay="linear",
       critic_learning_rate=1e-3, critic="head", num_minibatches=1, ppo_epochs=1,

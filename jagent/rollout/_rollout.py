@@ -8,7 +8,7 @@ the KV cache kept from earlier turns, decodes until ``</answer>``, EOS or
 ``max_tokens_per_turn`` (:func:`jagent.models.generate`), parses the reply
 from its bytes (:func:`parse_reply`), executes the valid actions in order
 (stopping at the end of the episode and at ``max_actions_per_traj``), and
-records the turn's reward (RAGEN's protocol, REFERENCE.md section 1).
+records the turn's reward (RAGEN's protocol, ``ragen/llm_agent/ctx_manager.py``).
 Finished episodes stop generating (masked rows); an episode whose next turn
 would not fit in the context ends as truncated with reason
 ``CONTEXT_OVERFLOW``.

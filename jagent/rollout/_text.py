@@ -4,7 +4,7 @@ A :class:`TextEnv` turns environment states into the token ids of each turn's
 prompt inside ``jit`` and checks, once on the host at construction, that those
 ids are exactly what the tokenizer produces for the same text.
 
-The conversation follows RAGEN's multi-turn protocol (REFERENCE.md section 1):
+The conversation follows RAGEN's multi-turn protocol (``ragen/llm_agent/ctx_manager.py``):
 a system message, a first user message (instructions, then ``Turn 1`` with the
 state), then per turn the assistant's reply and a user message with the
 previous turn's reward and the next state; each assistant turn is primed with
@@ -44,7 +44,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs_jax._src import bandit as _bandit
 from envs_jax._src import environment as _environment
 from jagent.tokenizers import _base as _tok_base
 
@@ -60,46 +59,26 @@ THINK_HINT = ("Reply as <think> [your reasoning] </think> <answer> [your answer]
 ANSWER_HINT = "Reply as <answer> [your answer] </answer> and nothing else."
 
 
-def _actions_sentence(env) -> str:
-  names = env.action_names
-  example = " || ".join(names[:2]) if len(names) > 1 else names[0]
-  return (f"Your actions are {', '.join(names)}; give one or more, separated by ||, "
-          f"for example <answer>{example}</answer>.")
-
-
 def default_instructions(env: _environment.Environment) -> str:
-  """Our instruction text for each shipped environment (written for jagent).
+  """The environment's own instruction text (:attr:`Environment.instructions`).
 
   Args:
-    env: an environment (wrappers are looked through).
+    env: an environment (wrappers forward the property).
 
   Returns:
     The instructions placed in the first user message: the goal and rules,
     the symbol legend of grid games and the answer format of the actions.
 
   Raises:
-    ValueError: for an environment this function does not know; pass
+    ValueError: for an environment without instructions; pass
       ``PromptConfig(instructions=...)`` for it.
   """
-  base = env.unwrapped if hasattr(env, "unwrapped") else env
-  kind = type(base).__name__
-  legend = getattr(base, "legend", None)
-  if kind == "Sokoban":
-    return ("You play Sokoban. You are the player; push every box onto a target. Walking "
-            "into a box pushes it one cell; a box cannot be pulled, and cannot be pushed "
-            f"into a wall or another box.\n{legend}\n{_actions_sentence(env)}")
-  if kind == "FrozenLake":
-    return ("You play FrozenLake. Walk from the player to the goal without stepping into a "
-            "hole. The ice may be slippery: a move can slide you sideways instead.\n"
-            f"{legend}\n{_actions_sentence(env)}")
-  if kind == "Bandit":
-    return "You play a two-armed bandit game and pull one arm."
-  if kind == "Countdown":
-    return ("You play Countdown. Combine all the given numbers, each exactly once, with "
-            "+, -, * and / and parentheses into an expression equal to the target. Answer "
-            "with the expression only, for example <answer>(12 - 4) * 3</answer>.")
-  raise ValueError(f"no default instructions for environment {kind}; pass "
-                   "PromptConfig(instructions=...)")
+  text = getattr(env, "instructions", None)
+  if text is None:
+    base = env.unwrapped if hasattr(env, "unwrapped") else env
+    raise ValueError(f"no default instructions for environment {type(base).__name__}; "
+                     "pass PromptConfig(instructions=...)")
+  return text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,14 +144,6 @@ class PromptConfig:
 def format_reward(x: float) -> str:
   """Host text of a reward: ``str(round(float32(x), 2))`` (the device rendering)."""
   return str(round(float(np.float32(x)), _REWARD_FRAC_DIGITS))
-
-
-def _int_symbols(x: jax.Array, digit0: int) -> jax.Array:
-  """int32 [_INT_DIGITS] symbol ids of a non-negative int (no leading zeros)."""
-  x = jnp.clip(jnp.asarray(x, jnp.int32), 0, 10 ** _INT_DIGITS - 1)
-  pows = jnp.asarray([10 ** (_INT_DIGITS - 1 - k) for k in range(_INT_DIGITS)], jnp.int32)
-  show = (x >= pows) | (jnp.arange(_INT_DIGITS) == _INT_DIGITS - 1)
-  return jnp.where(show, digit0 + (x // pows) % 10, 0).astype(jnp.int32)
 
 
 class _Part:
@@ -490,12 +461,13 @@ class TextEnv:
   def _field_symbols(self, field, state, turn, actions_left, reward):
     if field == "state":
       return jnp.asarray(self.env.render_symbols(state), jnp.int32)
-    if field == "turn":
-      return _int_symbols(turn, self._digit0)
-    if field == "actions_left":
-      return _int_symbols(actions_left, self._digit0)
-    return _bandit.number_symbols(jnp.asarray(reward, jnp.float32), self._digit0, self._dot,
-                                  self._minus, _REWARD_INT_DIGITS, _REWARD_FRAC_DIGITS)
+    if field in ("turn", "actions_left"):
+      x = turn if field == "turn" else actions_left
+      return _environment.number_symbols(jnp.asarray(x, jnp.int32), self._digit0,
+                                         int_digits=_INT_DIGITS)
+    return _environment.number_symbols(
+        jnp.asarray(reward, jnp.float32), self._digit0, int_digits=_REWARD_INT_DIGITS,
+        frac_digits=_REWARD_FRAC_DIGITS, dot_id=self._dot, minus_id=self._minus)
 
   def _render(self, parts, width, state, turn, actions_left, reward, lead=None):
     """Concatenates the parts of one prompt into ``(int32 [width], length)``."""

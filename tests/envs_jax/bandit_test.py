@@ -128,8 +128,9 @@ class BanditTest(parameterized.TestCase):
   @parameterized.parameters(0.1, 1.0, 0.0, 0.15, 0.25, 2.5, -0.1, -3.0, 12.25, 999.9999,
                             0.0001, 100.0, 7.125)
   def test_number_text(self, x):
-    ids = jax.jit(lambda v: bandit_lib.number_symbols(
-        v, ENV.symbol_id("0"), ENV.symbol_id("."), ENV.symbol_id("-")))(jnp.float32(x))
+    ids = jax.jit(lambda v: envs_jax.number_symbols(
+        v, ENV.symbol_id("0"), int_digits=4, frac_digits=4, dot_id=ENV.symbol_id("."),
+        minus_id=ENV.symbol_id("-")))(jnp.float32(x))
     self.assertEqual("".join(ENV.symbols[i] for i in np.asarray(ids)),
                      str(round(float(x), 4)))
 

@@ -222,7 +222,7 @@ class CountdownDifferentialTest(absltest.TestCase):
 def _ragen_style_reward(text, numbers, target):
   """RAGEN's scoring idea, written for this test: regex numbers + float eval.
 
-  (With REFERENCE.md's 0 for wrong numbers.) Only for texts outside the
+  (With RAGEN's env's 0 for wrong numbers.) Only for texts outside the
   documented differences: ASCII ``0-9 + - * / ( )`` and spaces, no ``**``/``//``.
   """
   if sorted(int(x) for x in re.findall(r"[0-9]+", text)) != sorted(numbers):

@@ -2,7 +2,7 @@
 
 Hand-built levels use Boxoban characters ('#' wall, ' ' floor, '.' target,
 '$' box, '*' box on target, '@' player, '+' player on target). Expected values
-are hand-computed from gym-sokoban's rules (REFERENCE.md section 2), and the
+are hand-computed from gym-sokoban's rules (``gym_sokoban/envs/sokoban_env.py``), and the
 property tests compare every step with a small pure-Python reference step.
 """
 
@@ -157,7 +157,7 @@ class DynamicsTest(parameterized.TestCase):
     self.assertEqual(int(info["boxes_on_target"]), 2)
 
   def test_reference_three_step_example(self):
-    # REFERENCE.md: solved in 3 steps = -0.1, -0.1, +10.9.
+    # gym-sokoban's rewards: solved in 3 steps = -0.1, -0.1, +10.9.
     s0 = make_level(
         "######",
         "#@   #",

@@ -88,6 +88,51 @@ class EnvironmentBaseTest(absltest.TestCase):
     np.testing.assert_array_equal(out["x"], [0, 0])
     self.assertEqual(int(out["y"]), 2)
 
+  def test_number_symbols(self):
+    digits = [str(d) for d in range(10)]
+
+    def text(ids):  # digit0_id 1, dot 11, minus 12; pads 0 and -1 dropped
+      chars = ["", *digits, ".", "-"]
+      return "".join(chars[i] for i in np.asarray(ids).tolist() if i >= 0)
+
+    full = jax.jit(lambda x: environment.number_symbols(x, 1, int_digits=10, minus_id=12,
+                                                        pad_id=-1))
+    for x in (0, 7, -7, 1234567, 2**31 - 1, -2**31):
+      ids = full(jnp.int32(x))
+      self.assertEqual(ids.shape, (11,))
+      self.assertEqual(text(ids), str(x))
+    three = jax.jit(lambda x: environment.number_symbols(x, 1, int_digits=3))
+    for x, want in ((0, "0"), (42, "42"), (999, "999"), (1000, "999"), (-5, "0")):
+      self.assertEqual(text(three(jnp.int32(x))), want)
+    dec = jax.jit(lambda x: environment.number_symbols(
+        x, 1, int_digits=3, frac_digits=2, dot_id=11, minus_id=12))
+    for x in (0.0, -0.1, 1.25, 12.5, -3.0):
+      self.assertEqual(text(dec(jnp.float32(x))), str(round(x, 2)))
+    with self.assertRaisesRegex(ValueError, "int_digits=11"):
+      environment.number_symbols(jnp.int32(1), 1, int_digits=11)
+    with self.assertRaisesRegex(ValueError, "frac_digits=2 needs a dot_id"):
+      environment.number_symbols(jnp.float32(1), 1, int_digits=3, frac_digits=2)
+    with self.assertRaisesRegex(ValueError, "frac_digits=1 for an integer"):
+      environment.number_symbols(jnp.int32(1), 1, int_digits=3, frac_digits=1, dot_id=11)
+
+  def test_actions_sentence(self):
+    self.assertEqual(environment.actions_sentence(("Stay", "Up")),
+                     "Your actions are Stay, Up; give one or more, separated by ||, for "
+                     "example <answer>Stay || Up</answer>.")
+    with self.assertRaisesRegex(ValueError, "no action names"):
+      environment.actions_sentence(())
+
+  def test_agent_hooks_default_to_none(self):
+    env = Counter()
+    self.assertIsNone(env.instructions)
+    self.assertIsNone(env.agent_defaults)
+    with self.assertRaisesRegex(NotImplementedError, "Counter has no expert"):
+      env.expert_answers([], [])
+    picks = env.random_answers([None] * 3, np.random.default_rng(0), actions_per_turn=2)
+    self.assertLen(picks, 3)
+    for p in picks:
+      self.assertRegex(p, r"^(Stay|Up) \|\| (Stay|Up)$")
+
   def test_sample_action_in_range(self):
     env = Counter()
     actions = jax.vmap(env.sample_action)(jax.random.split(jax.random.key(0), 200))
@@ -131,6 +176,28 @@ class TimeLimitTest(absltest.TestCase):
     self.assertIsInstance(env.unwrapped, Counter)
     _, state = env.reset(jax.random.key(3))
     self.assertEqual(env.render_text(state), str(int(state.env_state.count)))
+
+  def test_forwards_agent_hooks(self):
+
+    class Expert(Counter):
+      agent_defaults = envs_jax.AgentDefaults(
+          max_turns=2, max_actions_per_traj=3, max_tokens_per_turn=5, system="Count.")
+      expert_think_text = "Up is the way."
+
+      @property
+      def instructions(self):
+        return "Count up."
+
+      def expert_answers(self, states, params, *, actions_per_turn=1, **options):
+        return ["Up"] * len(states)
+
+    for env in (envs_jax.TimeLimit(Expert(), 3), envs_jax.AutoReset(Expert()),
+                envs_jax.AutoReset(envs_jax.TimeLimit(Expert(), 3))):
+      self.assertEqual(env.instructions, "Count up.")
+      self.assertEqual(env.agent_defaults.max_turns, 2)
+      self.assertEqual(env.expert_think_text, "Up is the way.")
+      self.assertEqual(env.expert_answers([None] * 2, [None] * 2), ["Up", "Up"])
+      self.assertLen(env.random_answers([None], np.random.default_rng(0)), 1)
 
 
 class AutoResetTest(absltest.TestCase):
