@@ -10,13 +10,13 @@ from jagent.train import _optim
 from jagent.train import _state
 
 _EXPECTED = {
-    "AccumulatedGradients", "Checkpointer", "CriticParams", "LogprobsOutput",
+    "AccumulatedGradients", "CRITIC_KINDS", "Checkpointer", "CriticParams", "LogprobsOutput",
     "MetricsWriter", "OLD_LOGPROBS", "ObjectiveNeeds", "OptimizerConfig", "TrainConfig",
-    "TrainState", "ValueHead", "accumulate_gradients", "critic_values",
-    "current_learning_rate", "export_policy", "init_critic",
+    "TrainState", "ValueHead", "accumulate_gradients", "compact_groups", "critic_values",
+    "current_learning_rate", "decode_samples", "eval_program", "evaluate", "export_policy", "init_critic",
     "init_train_state", "make_optimizer", "make_schedule", "nll_loss",
-    "objective_needs", "read_metrics", "rl_iteration", "sft_step", "token_logprobs",
-    "train_step",
+    "num_kept_groups", "objective_needs", "read_metrics", "rl_iteration", "sft_step", "sft_update",
+    "token_logprobs", "train_step", "write_json", "write_text",
 }
 
 
