@@ -13,10 +13,10 @@ _EXPECTED = {
     "AccumulatedGradients", "CRITIC_KINDS", "Checkpointer", "CriticParams", "LogprobsOutput",
     "MetricsWriter", "OLD_LOGPROBS", "ObjectiveNeeds", "OptimizerConfig", "TrainConfig",
     "TrainState", "ValueHead", "accumulate_gradients", "compact_groups", "critic_values",
-    "current_learning_rate", "decode_samples", "eval_program", "evaluate", "export_policy", "init_critic",
-    "init_train_state", "make_optimizer", "make_schedule", "nll_loss",
-    "num_kept_groups", "objective_needs", "read_metrics", "rl_iteration", "sft_step", "sft_update",
-    "token_logprobs", "train_step", "write_json", "write_text",
+    "current_learning_rate", "decode_samples", "eval_program", "evaluate", "export_policy",
+    "init_critic", "init_train_state", "make_optimizer", "make_schedule", "nll_loss",
+    "num_kept_groups", "objective_needs", "read_metrics", "rl_iteration", "sft_step",
+    "sft_update", "token_logprobs", "train_step", "write_json", "write_text",
 }
 
 
