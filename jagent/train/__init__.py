@@ -1,4 +1,4 @@
-"""jagent.train: train state, jit-compiled train steps, checkpoints and metrics.
+"""jagent.train: train state, jit-compiled train steps, evaluation, checkpoints and metrics.
 
 Example (one StarPO-S step on a rollout batch)::
 
@@ -12,6 +12,11 @@ Example (one StarPO-S step on a rollout batch)::
       objective=objective)
   state, metrics = train.train_step(state, batch, objective=objective,
                                     config=cfg)
+  # evaluation on fixed levels, chunk by chunk (on a mesh:
+  # jagent.sharding.shard_eval_program instead of jax.jit):
+  program = jax.jit(train.eval_program(eval_rollout))
+  metrics, first_chunk = train.evaluate(program, state.params, reset_keys, key,
+                                        num_groups)
   ckpt = train.Checkpointer(workdir, keep=3)
   ckpt.save(int(state.step), state, {"config": ...})
 
