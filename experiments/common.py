@@ -4,15 +4,15 @@ An :class:`Experiment` validates a config (every bad field named before
 anything compiles), builds the game, tokenizer, model, rollouts and
 objective, and runs the stages: SFT, RL steps, evaluation, checkpoints.
 
-``config.mesh`` (``""``: one device) spreads a run over a device mesh
-(``jagent.sharding.make_mesh``, e.g. ``"data:8"`` or
-``"data:2,fsdp:2,tensor:2"``): the TrainStates live on
-``jagent.sharding.train_state_shardings``, the SFT step, the RL iteration and
-the evaluation rollouts run jitted with explicit in/out shardings (rows over
-``data x fsdp``), and checkpoints restore onto those shardings. The mesh may
-span processes (``jax.distributed.initialize`` first, see
-``experiments/train.py``): every process then runs the same program on the
-same config, and only process 0 writes files other than checkpoints
+Every run lives on a device mesh: ``config.mesh`` (``jagent.sharding.make_mesh``,
+e.g. ``"data:8"`` or ``"data:2,fsdp:2,tensor:2"``; ``""``: a one-device mesh
+of the default device, whose results equal an unsharded run's bit for bit).
+The TrainStates live on ``jagent.sharding.train_state_shardings``, the SFT
+step, the RL iteration and the evaluation run jitted with explicit in/out
+shardings (rows over ``data x fsdp``), and checkpoints restore onto those
+shardings. The mesh may span processes (``jax.distributed.initialize`` first,
+see ``experiments/train.py``): every process then runs the same program on
+the same config, and only process 0 writes files other than checkpoints
 (:attr:`Experiment.is_primary`).
 """
 
@@ -21,25 +21,21 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import time
 from typing import Any, Callable
 
 import jax
-from jax.experimental import multihost_utils
-import jax.numpy as jnp
 import numpy as np
 
 import envs_jax
+from jagent import losses
 from jagent import models
 from jagent import rollout
 from jagent import sharding
 from jagent import tokenizers
 from jagent import train
 from jagent import transforms
-from jagent._src import files
-from jagent.losses import _filters
-from jagent.train import _critic
-from jagent.train import _rl
 
 
 def setup_compilation_cache(path: str | None = None) -> None:
@@ -90,11 +86,93 @@ def _bad(field: str, value: Any, why: str) -> ValueError:
   return ValueError(f"config.{field}={value!r}: {why}")
 
 
+def _named(build: Callable[..., Any], fields: dict[str, tuple[str, Any]], **fixed) -> Any:
+  """``build(**fields' values, **fixed)``, its errors named as config fields.
+
+  ``fields`` maps each argument of ``build`` (a config dataclass) to
+  ``(config field, value)``. A ValueError of the dataclass's own checks that
+  names one of those arguments (``"RolloutConfig.group_size=0: ..."``) is
+  re-raised naming the config field (``"config.rollout.group_size=0:
+  ..."``); any other error propagates as it is.
+  """
+  try:
+    return build(**{arg: value for arg, (_, value) in fields.items()}, **fixed)
+  except ValueError as e:
+    m = re.match(r"\w+\.(\w+)=", str(e))
+    if m is None or m.group(1) not in fields:
+      raise
+    field, value = fields[m.group(1)]
+    raise _bad(field, value, str(e).partition(": ")[2] or str(e)) from e
+
+
+def rollout_config(config) -> rollout.RolloutConfig:
+  """The train rollout's RolloutConfig (``config.rollout``).
+
+  Raises:
+    ValueError: RolloutConfig's own checks, naming ``config.rollout.<field>``.
+  """
+  r = config.rollout
+  return _named(rollout.RolloutConfig, {
+      f: (f"rollout.{f}", r[f]) for f in ("num_groups", "group_size", "max_turns",
+                                          "max_tokens_per_turn", "max_actions_per_traj",
+                                          "temperature")})
+
+
+def train_config(config, model_config: models.ModelConfig,
+                 num_microbatches: int) -> train.TrainConfig:
+  """The RL stage's TrainConfig (``config.rl``; ``num_microbatches`` resolved from -1).
+
+  Raises:
+    ValueError: TrainConfig's and OptimizerConfig's own checks, naming
+      ``config.rl.<field>`` (or ``config.rollout.temperature``).
+  """
+  rl = config.rl
+  named = lambda *fs: {f: (f"rl.{f}", rl[f]) for f in fs}  # noqa: E731
+  actor = _named(train.OptimizerConfig,
+                 named("learning_rate", "warmup_steps", "decay", "weight_decay",
+                       "max_grad_norm"),
+                 decay_steps=max(1, rl.steps * rl.num_minibatches * rl.ppo_epochs
+                                 - rl.warmup_steps) if rl.decay != "constant" else 0)
+  critic = _named(train.OptimizerConfig,
+                  {"learning_rate": ("rl.critic_learning_rate", rl.critic_learning_rate),
+                   **named("weight_decay", "max_grad_norm")})
+  return _named(train.TrainConfig, {
+      "temperature": ("rollout.temperature", config.rollout.temperature),
+      **named("ppo_epochs", "num_minibatches", "old_logprobs"),
+      "num_microbatches": ("rl.num_microbatches", num_microbatches)},
+                model=model_config, actor_optimizer=actor, critic_optimizer=critic)
+
+
+def eval_rollout_config(config, *, temperature: float | None = None, greedy: bool = False,
+                        group_size: int = 1, context_size: int | None = None
+                        ) -> rollout.RolloutConfig:
+  """The evaluation rollout's RolloutConfig: ``eval.num_groups`` levels a chunk.
+
+  ``temperature`` overrides ``config.eval.temperature``; turn, token and
+  action limits are the train rollout's (``config.rollout``).
+
+  Raises:
+    ValueError: RolloutConfig's own checks, naming the config field.
+  """
+  r = config.rollout
+  return _named(rollout.RolloutConfig, {
+      "num_groups": ("eval.num_groups", config.eval.num_groups),
+      "temperature": ("eval.temperature",
+                      config.eval.temperature if temperature is None else temperature),
+      **{f: (f"rollout.{f}", r[f]) for f in ("max_turns", "max_tokens_per_turn",
+                                             "max_actions_per_traj")}},
+                group_size=group_size, greedy=greedy, context_size=context_size)
+
+
 def validate(config, num_devices: int | None = None) -> None:
   """Checks a train/eval config; raises ValueError naming the first bad field.
 
-  ``num_devices`` is the device count ``config.mesh`` must use (default
-  ``jax.device_count()``: every process's devices).
+  Builds the run's config dataclasses (RolloutConfig, OptimizerConfig,
+  TrainConfig, ...) and re-raises their own checks' errors naming the config
+  field (e.g. ``config.rl.learning_rate``), then checks what spans fields
+  (rows per minibatch, SFT batch, evaluation chunks, the mesh). Reads no
+  model directory. ``num_devices`` is the device count ``config.mesh`` must
+  use (default ``jax.device_count()``: every process's devices).
   """
   if config.env not in envs_jax.registered():
     raise _bad("env", config.env, f"not a registered environment; known: "
@@ -108,27 +186,14 @@ def validate(config, num_devices: int | None = None) -> None:
                "(pass --config.model_dir=<a Hugging Face model directory>)")
   if config.model not in models.config_names() and not config.model_dir:
     raise _bad("model", config.model, f"unknown; known: {models.config_names()}")
-  r = config.rollout
-  for f in ("num_groups", "group_size", "max_turns", "max_tokens_per_turn",
-            "max_actions_per_traj"):
-    if not isinstance(r[f], int) or r[f] < 1:
-      raise _bad(f"rollout.{f}", r[f], "must be an int >= 1")
-  if not isinstance(config.rl.num_minibatches, int) or config.rl.num_minibatches < 1:
-    raise _bad("rl.num_minibatches", config.rl.num_minibatches, "must be an int >= 1")
-  micro = config.rl.get("num_microbatches", 1)
-  if not isinstance(micro, int) or (micro < 1 and micro != -1):
-    raise _bad("rl.num_microbatches", micro,
-               "must be an int >= 1, or -1 (one row per device in each micro-batch)")
-  if config.rl.filter_mode not in _filters.FILTER_MODES:
-    raise _bad("rl.filter_mode", config.rl.filter_mode, f"unknown; known: {_filters.FILTER_MODES}")
-  if config.rl.old_logprobs not in train.OLD_LOGPROBS:
-    raise _bad("rl.old_logprobs", config.rl.old_logprobs,
-               f"unknown; known: {train.OLD_LOGPROBS}")
-  if config.rl.critic not in _critic.CRITIC_KINDS:
-    raise _bad("rl.critic", config.rl.critic, f"unknown; known: {_critic.CRITIC_KINDS}")
+  r = rollout_config(config)
+  if config.rl.filter_mode not in losses.FILTER_MODES:
+    raise _bad("rl.filter_mode", config.rl.filter_mode, f"unknown; known: {losses.FILTER_MODES}")
+  if config.rl.critic not in train.CRITIC_KINDS:
+    raise _bad("rl.critic", config.rl.critic, f"unknown; known: {train.CRITIC_KINDS}")
   if config.rl.filter_mode in ("top_fraction", "top_k"):
     try:
-      k = _rl.num_kept_groups(r.num_groups, config.rl.filter_mode, config.rl.filter_value)
+      k = train.num_kept_groups(r.num_groups, config.rl.filter_mode, config.rl.filter_value)
     except ValueError as e:
       raise _bad("rl.filter_value", config.rl.filter_value, str(e)) from None
     if k < 1:
@@ -137,6 +202,9 @@ def validate(config, num_devices: int | None = None) -> None:
     rows = k * r.group_size
   else:
     rows = r.num_groups * r.group_size
+  micro = config.rl.get("num_microbatches", 1)
+  # The model's fields are checked when it is built; any ModelConfig stands in.
+  train_config(config, models.get_config("nano"), 1 if micro == -1 else micro)
   if rows % config.rl.num_minibatches:
     raise _bad("rl.num_minibatches", config.rl.num_minibatches,
                f"does not divide the {rows} trained rows per step (kept groups x group_size)")
@@ -147,6 +215,8 @@ def validate(config, num_devices: int | None = None) -> None:
   # config.sft.expert is make_expert's policy (absent in runs saved before it).
   if config.sft.get("expert", "solver") not in rollout.EXPERT_POLICIES:
     raise _bad("sft.expert", config.sft.expert, f"unknown; known: {rollout.EXPERT_POLICIES}")
+  if config.sft.steps:
+    sft_optimizer(config)
   if config.sft.steps and config.sft.batch_size > config.sft.num_demos:
     raise _bad("sft.batch_size", config.sft.batch_size,
                f"is larger than sft.num_demos={config.sft.num_demos}")
@@ -155,13 +225,30 @@ def validate(config, num_devices: int | None = None) -> None:
     raise _bad("sft.actions_per_turn", config.sft.actions_per_turn,
                f"must be in [1, prompt.max_actions_per_turn="
                f"{config.prompt.max_actions_per_turn}]")
-  for f in ("num_levels", "num_groups"):
-    if not isinstance(config.eval[f], int) or config.eval[f] < 1:
-      raise _bad(f"eval.{f}", config.eval[f], "must be an int >= 1")
+  eval_rollout_config(config)  # eval.num_groups, eval.temperature
+  if not isinstance(config.eval.num_levels, int) or config.eval.num_levels < 1:
+    raise _bad("eval.num_levels", config.eval.num_levels, "must be an int >= 1")
   if config.eval.num_levels % config.eval.num_groups:
     raise _bad("eval.num_levels", config.eval.num_levels,
                f"must be a multiple of eval.num_groups={config.eval.num_groups}")
   _validate_mesh(config, num_devices)
+
+
+def sft_optimizer(config, learning_rate=None) -> train.OptimizerConfig:
+  """The SFT stage's OptimizerConfig (``learning_rate`` overrides ``sft.learning_rate``).
+
+  ``learning_rate`` may be a traced float32 scalar (a vmapped sweep).
+
+  Raises:
+    ValueError: OptimizerConfig's own checks, naming ``config.sft.<field>``.
+  """
+  sft = config.sft
+  lr = sft.learning_rate if learning_rate is None else learning_rate
+  return _named(train.OptimizerConfig, {
+      "learning_rate": ("sft.learning_rate", lr),
+      "warmup_steps": ("sft.warmup_steps", sft.warmup_steps)},
+                decay="cosine", decay_steps=max(1, sft.steps - sft.warmup_steps),
+                weight_decay=0.0)
 
 
 def _validate_mesh(config, num_devices: int | None) -> None:
@@ -189,7 +276,7 @@ def _validate_mesh(config, num_devices: int | None) -> None:
   if config.rl.get("num_microbatches", 1) == -1:
     kept = r.num_groups
     if config.rl.filter_mode in ("top_fraction", "top_k"):
-      kept = _rl.num_kept_groups(r.num_groups, config.rl.filter_mode, config.rl.filter_value)
+      kept = train.num_kept_groups(r.num_groups, config.rl.filter_mode, config.rl.filter_value)
     rows.append(("a minibatch (rl.num_microbatches=-1: one row per device)",
                  kept * r.group_size // config.rl.num_minibatches))
   for name, b in rows:
@@ -204,8 +291,8 @@ class Experiment:
   Args:
     config: the run's config (``experiments/configs/*.py``).
     devices: the devices of ``config.mesh`` (default ``jax.devices()``,
-      every process's); ignored without a mesh. E.g. the first N of 8 for a
-      scaling benchmark in one process.
+      every process's; with ``config.mesh=""`` the default device). E.g.
+      the first N of 8 for a scaling benchmark in one process.
 
   Raises:
     ValueError: from :func:`validate` (a bad ``config.mesh``, or one that
@@ -216,6 +303,7 @@ class Experiment:
 
   def __init__(self, config, devices=None):
     devices = None if devices is None else list(devices)
+    spec = config.get("mesh", "")  # absent in runs saved before the field
     validate(config, None if devices is None else len(devices))
     self.config = c = config
     # "tiny": the shipped sentencepiece model; "": the model directory's
@@ -224,11 +312,12 @@ class Experiment:
                       else tokenizers.HFTokenizer(c.tokenizer or c.model_dir))
     self.env, self.env_params = envs_jax.make(c.env)
     p = c.prompt
-    self.prompt = rollout.PromptConfig(
-        system=p.system, instructions=p.instructions if p.instructions != "" or
-        "{instructions}" not in p.first_turn else None,
-        first_turn=p.first_turn, next_turn=p.next_turn, think=p.think,
-        max_actions_per_turn=p.max_actions_per_turn, chat_template=p.chat_template or None)
+    self.prompt = _named(rollout.PromptConfig, {
+        f: (f"prompt.{f}", p[f]) for f in ("system", "first_turn", "next_turn", "think",
+                                           "max_actions_per_turn")},
+                         instructions=p.instructions if p.instructions != "" or
+                         "{instructions}" not in p.first_turn else None,
+                         chat_template=p.chat_template or None)
     self.text_env = rollout.TextEnv(self.env, self.tokenizer, self.prompt,
                                     env_params=self.env_params)
     if c.model_dir:
@@ -238,10 +327,7 @@ class Experiment:
     if c.get("remat", False):  # absent in runs saved before the field
       self.model_config = self.model_config.replace(remat=True)
     r = c.rollout
-    self.rollout_config = rollout.RolloutConfig(
-        num_groups=r.num_groups, group_size=r.group_size, max_turns=r.max_turns,
-        max_tokens_per_turn=r.max_tokens_per_turn, max_actions_per_traj=r.max_actions_per_traj,
-        temperature=r.temperature)
+    self.rollout_config = rollout_config(c)
     self.context_size = rollout.context_size(self.text_env, self.rollout_config)
     if self.context_size > self.model_config.max_position:
       raise _bad("rollout.max_tokens_per_turn", r.max_tokens_per_turn,
@@ -250,7 +336,7 @@ class Experiment:
     kwargs = dict(c.algorithm_kwargs)
     if c.rl.filter_mode in ("top_fraction", "top_k"):
       # Compaction applies the filter; the objective's own filter keeps all.
-      self.num_keep = _rl.num_kept_groups(r.num_groups, c.rl.filter_mode, c.rl.filter_value)
+      self.num_keep = train.num_kept_groups(r.num_groups, c.rl.filter_mode, c.rl.filter_value)
       if c.algorithm in ("starpo_s",):
         kwargs.update(filter_mode="top_fraction", filter_value=1.0)
     else:
@@ -259,63 +345,30 @@ class Experiment:
         kwargs.update(filter_mode=c.rl.filter_mode, filter_value=c.rl.filter_value)
     self.objective = transforms.make(c.algorithm, **kwargs)
     self.needs = train.objective_needs(c.algorithm, **dict(c.algorithm_kwargs))
-    # config.mesh (validated above): None runs on the default device as before.
-    spec = c.get("mesh", "")
-    self.mesh = sharding.make_mesh(spec, devices) if spec else None
-    rl = c.rl
-    minibatch_rows = self.num_keep * r.group_size // rl.num_minibatches
-    micro = rl.get("num_microbatches", 1)
+    # One code path for every run: config.mesh (validated above), or a
+    # one-device mesh of the default device (bit for bit an unsharded run).
+    self.mesh = (sharding.make_mesh(spec, devices) if spec
+                 else sharding.make_mesh("", jax.local_devices()[:1]))
+    minibatch_rows = self.num_keep * r.group_size // c.rl.num_minibatches
+    micro = c.rl.get("num_microbatches", 1)
     if micro == -1:  # one row per device (data x fsdp) in each micro-batch
-      micro = minibatch_rows // (1 if self.mesh is None else sharding.rows_size(self.mesh))
-    self.train_config = train.TrainConfig(
-        model=self.model_config,
-        actor_optimizer=train.OptimizerConfig(
-            learning_rate=rl.learning_rate, warmup_steps=rl.warmup_steps, decay=rl.decay,
-            decay_steps=max(1, rl.steps * rl.num_minibatches * rl.ppo_epochs - rl.warmup_steps)
-            if rl.decay != "constant" else 0,
-            weight_decay=rl.weight_decay, max_grad_norm=rl.max_grad_norm),
-        critic_optimizer=train.OptimizerConfig(
-            learning_rate=rl.critic_learning_rate, weight_decay=rl.weight_decay,
-            max_grad_norm=rl.max_grad_norm),
-        temperature=r.temperature, ppo_epochs=rl.ppo_epochs, num_minibatches=rl.num_minibatches,
-        num_microbatches=micro, old_logprobs=rl.old_logprobs)
+      micro = minibatch_rows // sharding.rows_size(self.mesh)
+    self.train_config = train_config(c, self.model_config, micro)
     self.eval_keys = jax.random.split(jax.random.key(c.eval.seed), c.eval.num_levels)
     self._signature = None
     # Sharded programs are shared only by Experiments on the same devices.
-    self._devices_key = None if self.mesh is None else (
-        tuple(self.mesh.shape.values()), tuple(d.id for d in self.mesh.devices.flat))
+    self._devices_key = (tuple(self.mesh.shape.values()),
+                         tuple(d.id for d in self.mesh.devices.flat))
 
   @property
   def is_primary(self) -> bool:
     """Whether this process writes the run's files (process 0; checkpoints: all)."""
     return jax.process_index() == 0
 
-  # ---------------------------------------------------------------- sharding
   def param_shardings(self):
     """The policy's NamedShardings on :attr:`mesh` (``Params`` structure)."""
     abstract = jax.eval_shape(lambda k: models.init(self.model_config, k), jax.random.key(0))
     return sharding.param_shardings(abstract, self.mesh)
-
-  def _placed_state(self, make: Callable[[Any], train.TrainState], params):
-    """``make(params)`` as one program whose outputs sit on their mesh shardings.
-
-    Under ``jit`` (not eagerly) so that no leaf stays on one process's device
-    (orbax refuses to save such arrays in a multi-process run, STACK.md).
-    """
-    shardings = sharding.train_state_shardings(jax.eval_shape(make, params), self.mesh)
-    # Waits: a multi-process CPU run must not overlap two programs with
-    # collectives (see _eval_program), e.g. this and a checkpoint's barrier.
-    return jax.block_until_ready(jax.jit(make, out_shardings=shardings)(params))
-
-  def state_shardings(self, state) -> train.TrainState:
-    """``jagent.sharding.train_state_shardings`` of ``state`` on :attr:`mesh`."""
-    return sharding.train_state_shardings(state, self.mesh)
-
-  def to_host(self, tree):
-    """``tree`` as numpy arrays on every process (gathered across processes on a mesh)."""
-    if self.mesh is None:
-      return jax.device_get(tree)
-    return multihost_utils.process_allgather(tree, tiled=True)
 
   def signature(self, fields: tuple[str, ...] | None = None) -> str:
     """JSON of the config's dotted ``fields`` (None: all but ``seed``).
@@ -333,15 +386,10 @@ class Experiment:
 
   # ------------------------------------------------------------------ rollouts
   def _rollout_config(self, kind: str, temperature: float | None) -> rollout.RolloutConfig:
-    rc = self.rollout_config
     if kind == "train":
-      return rc
-    return rollout.RolloutConfig(
-        num_groups=self.config.eval.num_groups, group_size=1, max_turns=rc.max_turns,
-        max_tokens_per_turn=rc.max_tokens_per_turn,
-        max_actions_per_traj=rc.max_actions_per_traj,
-        temperature=temperature, greedy=kind == "eval_greedy",
-        context_size=self.context_size)
+      return self.rollout_config
+    return eval_rollout_config(self.config, temperature=temperature,
+                               greedy=kind == "eval_greedy", context_size=self.context_size)
 
   def rollout_fn(self, kind: str, temperature: float | None = None):
     """The jitted rollout: ``"train"``, ``"eval_temp"`` or ``"eval_greedy"``.
@@ -350,8 +398,7 @@ class Experiment:
     Shared by the Experiments of this process whose configs agree on the
     fields the rollout reads (built and compiled once). Always the
     single-program ``jagent.rollout.make_rollout`` (vmappable, nestable in
-    other programs), whatever ``config.mesh``; :meth:`evaluate` and
-    :meth:`rl_step` run it on the mesh.
+    other programs); :meth:`evaluate` and :meth:`rl_step` run it on the mesh.
     """
     if kind == "train":
       temperature = None  # the train rollout samples at rollout.temperature
@@ -364,70 +411,25 @@ class Experiment:
 
     return shared_program(("rollout", self.signature(ROLLOUT_FIELDS), kind, temperature), build)
 
-  def _eval_program(self, kind: str, temperature: float):
-    """On a mesh: ``(params, key, reset_keys) -> (Trajectory, metrics)`` as one program.
-
-    The rollout of :meth:`rollout_fn` with parameters on their mesh
-    shardings, rows over ``data x fsdp`` and ``Trajectory.metrics()``
-    computed in the same program (replicated). Eager jnp reductions on
-    arrays spanning processes would each be a separate collective program,
-    dispatched asynchronously; on CPU (gloo) two processes then deadlocked
-    (measured with jax 0.10.2), so nothing is reduced eagerly.
-    """
-    def build():
-      fn = rollout.make_rollout(self.text_env, self.model_config,
-                                self._rollout_config(kind, temperature), self.env_params)
-      params_sh = self.param_shardings()
-      abstract = jax.eval_shape(lambda k: models.init(self.model_config, k), jax.random.key(0))
-      n = self.config.eval.num_groups
-      out = jax.eval_shape(fn, abstract, jax.random.key(0), self.eval_keys[:n])
-      rep = sharding.replicated(self.mesh)
-
-      def program(params, key, reset_keys):
-        traj = fn(params, key, reset_keys)
-        return traj, traj.metrics()
-
-      return jax.jit(program, in_shardings=(params_sh, rep, rep),
-                     out_shardings=(sharding.rows_shardings(out, self.mesh), rep))
-
-    return shared_program(("eval_program", self.signature(ROLLOUT_FIELDS), kind, temperature,
-                           self._devices_key), build)
+  def eval_program(self, kind: str, temperature: float | None = None):
+    """``jagent.sharding.shard_eval_program`` of :meth:`rollout_fn` on :attr:`mesh`."""
+    if temperature is None:
+      temperature = self.config.eval.temperature
+    return shared_program(
+        ("eval_program", self.signature(ROLLOUT_FIELDS), kind, temperature, self._devices_key),
+        lambda: sharding.shard_eval_program(self.rollout_fn(kind, temperature), self.mesh))
 
   def _evaluate(self, params, kind: str, temperature: float | None = None):
-    """``(metrics, first chunk's Trajectory)`` on the held-out levels.
-
-    ``jagent.train`` evaluate (``_rl.evaluate``) without a mesh; on a mesh
-    the same chunks, keys and averages with :meth:`_eval_program`.
-    """
-    c = self.config
-    if self.mesh is None:
-      return _rl.evaluate(self.rollout_fn(kind, temperature), params, self.eval_keys,
-                          self.eval_key(), c.eval.num_groups)
-    if temperature is None:
-      temperature = c.eval.temperature
-    program = self._eval_program(kind, temperature)
-    n = c.eval.num_groups
-    chunks = self.eval_keys.shape[0] // n
-    sums: dict[str, float] = {}
-    first = None
-    for i in range(chunks):
-      traj, m = program(params, jax.random.fold_in(self.eval_key(), i),
-                        self.eval_keys[i * n:(i + 1) * n])
-      first = traj if first is None else first
-      for k, v in jax.device_get(m).items():  # waits: one program at a time
-        sums[k] = sums.get(k, 0.0) + float(v)
-    return {k: v / chunks for k, v in sums.items()}, first
+    """``(metrics, first chunk's Trajectory)`` on the held-out levels (``train.evaluate``)."""
+    return train.evaluate(self.eval_program(kind, temperature), params, self.eval_keys,
+                          self.eval_key(), self.config.eval.num_groups)
 
   def init_params(self):
     """Initial policy parameters (random, or the Hugging Face checkpoint).
 
-    On a mesh each array is created (or loaded) straight onto its sharding.
+    Each array is created (or loaded) straight onto its mesh sharding.
     """
     c = self.config
-    if self.mesh is None:
-      if c.model_dir:
-        return models.load_hf_checkpoint(c.model_dir)[0]
-      return models.init(self.model_config, jax.random.key(c.seed))
     shardings = self.param_shardings()
     if c.model_dir:
       return models.load_hf_checkpoint(c.model_dir, shardings=shardings)[0]
@@ -456,11 +458,8 @@ class Experiment:
 
     ``learning_rate`` may be a traced float32 scalar (a vmapped sweep).
     """
-    c = self.config
-    return train.TrainConfig(model=self.model_config, actor_optimizer=train.OptimizerConfig(
-        learning_rate=c.sft.learning_rate if learning_rate is None else learning_rate,
-        warmup_steps=c.sft.warmup_steps, decay="cosine",
-        decay_steps=max(1, c.sft.steps - c.sft.warmup_steps), weight_decay=0.0))
+    return train.TrainConfig(model=self.model_config,
+                             actor_optimizer=sft_optimizer(self.config, learning_rate))
 
   def sft_batch_indices(self, num_demos: int) -> np.ndarray:
     """int64 ``[sft.steps, sft.batch_size]``: the demonstrations of each SFT step.
@@ -474,12 +473,12 @@ class Experiment:
                            c.sft.steps, c.sft.batch_size)
 
   def sft_state(self, params, config: train.TrainConfig | None = None) -> train.TrainState:
-    """The SFT TrainState starting from ``params`` (on a mesh: on its shardings)."""
+    """The SFT TrainState starting from ``params``, on the mesh's shardings."""
     def make(p):
       return train.init_train_state(p, jax.random.key(self.config.seed),
                                     config=config or self.sft_train_config())
 
-    return make(params) if self.mesh is None else self._placed_state(make, params)
+    return sharding.place_state(make, params, mesh=self.mesh)
 
   def sft(self, writer, *, progress: bool = True):
     """Behaviour cloning on :meth:`demonstrations`; returns the params."""
@@ -494,21 +493,17 @@ class Experiment:
     state = self.sft_state(params, tc)
     indices = self.sft_batch_indices(demos.tokens.shape[0])
     success = float(np.mean(demos.success))
-    if self.mesh is not None:
-      step_fn = shared_program(
-          ("sft_step", self.signature(("model", "model_dir", "sft")), self._devices_key),
-          lambda: sharding.shard_sft_step(tc, self.mesh, self.state_shardings(state)))
-      tokens, loss_mask = np.asarray(batch_all.tokens), np.asarray(batch_all.loss_mask)
+    step_fn = shared_program(
+        ("sft_step", self.signature(("model", "model_dir", "sft")), self._devices_key),
+        lambda: sharding.shard_sft_step(tc, self.mesh,
+                                        sharding.train_state_shardings(state, self.mesh)))
+    tokens, loss_mask = np.asarray(batch_all.tokens), np.asarray(batch_all.loss_mask)
     for step in tqdm.trange(c.sft.steps, disable=not progress, desc="SFT"):
-      if self.mesh is None:
-        idx = jnp.asarray(indices[step])
-        mb = transforms.Batch(tokens=batch_all.tokens[idx], loss_mask=batch_all.loss_mask[idx])
-        state, m = train.sft_step(state, mb, config=tc)
-      else:  # every process holds the demonstrations; each places its rows
-        idx = indices[step]
-        mb = sharding.global_rows(
-            transforms.Batch(tokens=tokens[idx], loss_mask=loss_mask[idx]), self.mesh)
-        state, m = step_fn(state, mb)
+      # Every process holds the demonstrations; each places its rows.
+      idx = indices[step]
+      mb = sharding.global_rows(
+          transforms.Batch(tokens=tokens[idx], loss_mask=loss_mask[idx]), self.mesh)
+      state, m = step_fn(state, mb)
       if (step + 1) % 50 == 0 or step + 1 == c.sft.steps:
         writer.write(-c.sft.steps + step + 1, {
             **{k: float(v) for k, v in m.items()}, "sft/demo_success": success})
@@ -525,26 +520,18 @@ class Experiment:
           critic=c.rl.critic if self.needs.critic else None, reference=self.needs.reference,
           objective=self.objective)
 
-    return make(params) if self.mesh is None else self._placed_state(make, params)
+    return sharding.place_state(make, params, mesh=self.mesh)
 
   def rl_state_target(self):
-    """A restore target of the RL TrainState (``Checkpointer.restore``).
+    """A restore target of the RL TrainState (``Checkpointer.restore``) on :attr:`mesh`.
 
-    ``jax.ShapeDtypeStruct`` leaves carrying this run's shardings: the mesh's
-    (``train_state_shardings``) or, without a mesh, the default device's.
-    Nothing is allocated or loaded, and a checkpoint written on any mesh or
-    device count restores onto this run's (orbax refuses a target without
-    shardings when the checkpoint's topology differs: "Topology mismatch").
+    See ``jagent.sharding.train_state_target``: nothing is allocated or
+    loaded, and a checkpoint written on any mesh or device count restores
+    onto this run's.
     """
     abstract = jax.eval_shape(
         lambda k: self.rl_state(models.init(self.model_config, k)), jax.random.key(0))
-    if self.mesh is None:
-      one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-      shardings = jax.tree.map(lambda _: one, abstract)
-    else:
-      shardings = self.state_shardings(abstract)
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                        abstract, shardings)
+    return sharding.train_state_target(abstract, self.mesh)
 
   def rl_key(self, step: int) -> jax.Array:
     """The rollout key of RL step ``step`` (0-based)."""
@@ -566,6 +553,7 @@ class Experiment:
   def rl_step(self, state, step: int):
     """One iteration (rollout, compaction by the filter, update) as one jitted program.
 
+    The input ``state`` is donated (``jagent.sharding.shard_rl_iteration``).
     Returns ``(state, metrics)`` with float metrics: those of
     ``jagent.train.rl_iteration``, ``time/step_seconds`` (wall time of the
     whole iteration, the metrics' transfer included) and the throughput of
@@ -575,20 +563,16 @@ class Experiment:
     whole iteration (rollout and update run in one program, so they are
     not timed apart).
     """
-    if self.mesh is None:
-      fn = shared_program(("rl_iteration", self.signature()),
-                          lambda: jax.jit(self.rl_iteration))
-    else:
-      c = self.config
+    c = self.config
 
-      def build():
-        return sharding.shard_rl_iteration(
-            self.rollout_fn("train"), self.objective, self.train_config, self.mesh,
-            self.state_shardings(state), num_keep=self.num_keep,
-            filter_mode=c.rl.filter_mode, filter_value=c.rl.filter_value,
-            include_zero=c.rl.include_zero)
+    def build():
+      return sharding.shard_rl_iteration(
+          self.rollout_fn("train"), self.objective, self.train_config, self.mesh,
+          sharding.train_state_shardings(state, self.mesh), num_keep=self.num_keep,
+          filter_mode=c.rl.filter_mode, filter_value=c.rl.filter_value,
+          include_zero=c.rl.include_zero)
 
-      fn = shared_program(("rl_iteration", self.signature(), self._devices_key), build)
+    fn = shared_program(("rl_iteration", self.signature(), self._devices_key), build)
     t0 = time.perf_counter()
     state, m = fn(state, self.rl_key(step))
     out = {k: float(v) for k, v in jax.device_get(m).items()}
@@ -605,7 +589,7 @@ class Experiment:
     return jax.random.key(self.config.seed + 3)
 
   def evaluate(self, params, *, temperature: float | None = None, greedy: bool = False):
-    """Metrics on the fixed held-out levels (see ``jagent.train`` evaluate).
+    """Metrics on the fixed held-out levels (see ``jagent.train.evaluate``).
 
     ``temperature`` overrides ``config.eval.temperature`` (ignored when greedy).
     """
@@ -628,12 +612,11 @@ class Experiment:
       out["greedy_success"] = g["success"]
       out["greedy_score"] = g["score"]
     out["num_levels"] = c.eval.num_levels
-    if self.mesh is not None:  # all processes gather (a collective), one writes
-      traj = self.to_host(traj)
+    traj = sharding.to_host(traj)  # all processes gather (a collective), one writes
     if self.is_primary:
       os.makedirs(os.path.join(workdir, "samples"), exist_ok=True)
-      files.write_json(os.path.join(workdir, "samples", f"{stage}.json"),
-                       _rl.decode_samples(traj, self.tokenizer, c.eval.samples))
+      train.write_json(os.path.join(workdir, "samples", f"{stage}.json"),
+                       train.decode_samples(traj, self.tokenizer, c.eval.samples))
     return {k: float(v) if isinstance(v, (float, np.floating)) else v for k, v in out.items()}
 
   # ---------------------------------------------------------------- checkpoints
@@ -644,10 +627,8 @@ class Experiment:
   def export(self, workdir: str, params) -> None:
     """Writes the policy as a Hugging Face directory ``<workdir>/policy``.
 
-    On a mesh every process gathers the parameters and process 0 writes.
+    Every process gathers the parameters and process 0 writes.
     """
-    if self.mesh is not None:
-      params = self.to_host(params)
+    params = sharding.to_host(params)
     if self.is_primary:
       train.export_policy(params, self.model_config, os.path.join(workdir, "policy"))
-

@@ -28,7 +28,7 @@ from absl import flags
 from experiments import common
 from experiments import train as train_job
 from experiments.configs import tiny
-from jagent._src import files
+from jagent import train
 
 
 def _parse_value(text: str):
@@ -112,7 +112,7 @@ def main(argv):
       print(table(rows[-1:]).splitlines()[-1], flush=True)
   text = table(rows)
   os.makedirs(fl.runs_dir, exist_ok=True)
-  files.write_text(os.path.join(fl.runs_dir, "comparison.md"), text + "\n")
+  train.write_text(os.path.join(fl.runs_dir, "comparison.md"), text + "\n")
   print(text)
 
 

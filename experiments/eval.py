@@ -44,14 +44,13 @@ from typing import Any
 
 from absl import app
 from absl import flags
-import jax
 import ml_collections
 
 import envs_jax
 from experiments import common
 from jagent import rollout
-from jagent._src import files
-from jagent.train import _rl
+from jagent import sharding
+from jagent import train
 
 CONFIG_FILE = "config.json"
 
@@ -162,16 +161,12 @@ def evaluate_run(workdir: str, *, env: str | None = None, num_levels: int | None
   finally:
     ckpt.close()
 
-  rc = exp.rollout_config
-  eval_config = rollout.RolloutConfig(
-      num_groups=c.eval.num_groups, group_size=group_size, max_turns=rc.max_turns,
-      max_tokens_per_turn=rc.max_tokens_per_turn,
-      max_actions_per_traj=rc.max_actions_per_traj, temperature=c.eval.temperature,
-      greedy=greedy, context_size=exp.context_size)
+  eval_config = common.eval_rollout_config(c, greedy=greedy, group_size=group_size,
+                                           context_size=exp.context_size)
   fn = rollout.make_rollout(exp.text_env, exp.model_config, eval_config, exp.env_params)
   # The training job's evaluation keys: same levels, same sampling key.
-  metrics, traj = _rl.evaluate(fn, state.params, exp.eval_keys,
-                               jax.random.key(c.seed + 3), c.eval.num_groups)
+  metrics, traj = train.evaluate(sharding.shard_eval_program(fn, exp.mesh), state.params,
+                                 exp.eval_keys, exp.eval_key(), c.eval.num_groups)
   result: dict[str, Any] = {
       "env": c.env, "train_env": train_env, "algorithm": c.algorithm,
       "model": c.model_dir or c.model, "workdir": os.path.abspath(workdir),
@@ -180,10 +175,11 @@ def evaluate_run(workdir: str, *, env: str | None = None, num_levels: int | None
       "temperature": c.eval.temperature, "greedy": bool(greedy),
   }
   result.update({k: float(v) for k, v in metrics.items()})
-  result["samples"] = _rl.decode_samples(traj, exp.tokenizer, c.eval.samples)
+  result["samples"] = train.decode_samples(sharding.to_host(traj), exp.tokenizer,
+                                           c.eval.samples)
   output = output or os.path.join(workdir, f"eval_{c.env}.json")
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-  files.write_json(output, result)
+  train.write_json(output, result)
   result["output"] = output
   return result
 

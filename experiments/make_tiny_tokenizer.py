@@ -21,10 +21,10 @@ import random
 from absl import app
 from absl import flags
 
-from jagent.tokenizers import _sentencepiece
+from jagent import tokenizers
 
 _OUT = flags.DEFINE_string(
-    "model_path", "jagent/tokenizers/data/" + _sentencepiece.TINY_MODEL, "Output .model path.")
+    "model_path", tokenizers.tiny_tokenizer_path(), "Output .model path.")
 
 SOKOBAN_SETS = (("#", "_", "O", "√", "X", "P", "S"), ("W", ".", "G", "C", "B", "A", "@"))
 LAKE = ("P", "_", "O", "G", "X", "√")
@@ -104,7 +104,7 @@ def corpus(seed: int = 0, n: int = 6000) -> list[str]:
 
 def main(argv):
   del argv
-  model = _sentencepiece.train_sentencepiece(corpus())
+  model = tokenizers.train_sentencepiece(corpus())
   with open(_OUT.value, "wb") as fh:
     fh.write(model)
   print(f"wrote {_OUT.value} ({len(model)} bytes)")

@@ -59,9 +59,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import common
+from jagent import train
 from jagent import transforms
-from jagent._src import files
-from jagent.train import _step
 
 # Config fields a sweep can vmap: they enter the program as float32 values.
 SWEEPABLE = ("rl.learning_rate", "rl.critic_learning_rate", "sft.learning_rate")
@@ -216,7 +215,7 @@ def sft_program(exp: common.Experiment, field: str | None, batching: str = "vmap
 
     def body(st, idx):
       mb = transforms.Batch(tokens=tokens[idx], loss_mask=mask[idx])
-      return _step._sft_step(st, mb, config=tc)  # pylint: disable=protected-access
+      return train.sft_update(st, mb, config=tc)
 
     state, metrics = jax.lax.scan(body, state, indices)
     return state.params, metrics
@@ -248,38 +247,32 @@ def rl_program(exp: common.Experiment, field: str | None, batching: str = "vmap"
 
 
 def eval_program(exp: common.Experiment, greedy: bool = False, batching: str = "vmap"):
-  """The evaluation of R runs as one program (``jit`` of :func:`over_runs`).
+  """The evaluation chunk of R runs as one program (``jit`` of :func:`over_runs`).
 
-  ``(params, keys, reset_keys) -> {metric: [R]}``.
-
-  Each run's :meth:`experiments.common.Experiment.evaluate` in one program:
-  the fixed levels ``reset_keys`` ``[C, eval.num_groups]`` (shared by the
-  runs) in ``C`` chunks (``lax.map``), chunk ``i`` sampled with
-  ``fold_in(key, i)``, metrics averaged over chunks.
+  ``(params, keys, reset_keys) -> (trajectories, {metric: [R]})``:
+  ``jagent.train.eval_program`` of the run's evaluation rollout over a
+  leading run axis of ``params`` and ``keys`` (``reset_keys``, one chunk of
+  the fixed levels, shared by the runs); ``jagent.train.evaluate`` runs it
+  over the chunks as :meth:`experiments.common.Experiment.evaluate` does.
   """
-  fn = exp.rollout_fn("eval_greedy" if greedy else "eval_temp")
-
-  def one(params, key, chunks):
-    def chunk(args):
-      i, reset_keys = args
-      return fn(params, jax.random.fold_in(key, i), reset_keys).metrics()
-
-    m = jax.lax.map(chunk, (jnp.arange(chunks.shape[0]), chunks))
-    return {k: jnp.mean(v) for k, v in m.items()}
-
+  program = train.eval_program(exp.rollout_fn("eval_greedy" if greedy else "eval_temp"))
   key = ("sweep_eval", exp.signature(common.ROLLOUT_FIELDS), greedy,
          exp.config.eval.temperature, batching)
-  return common.shared_program(key, lambda: jax.jit(over_runs(one, batching, (0, 0, None))))
+  return common.shared_program(key, lambda: jax.jit(over_runs(program, batching, (0, 0, None))))
 
 
 # ---------------------------------------------------------------------- sweep
 def _evaluate(exp, params, keys, batching) -> list[dict]:
   """Per run: the :data:`EVAL_KEYS` figures (and ``greedy_*``)."""
-  chunks = exp.eval_keys.reshape(-1, exp.config.eval.num_groups)
-  m = jax.device_get(eval_program(exp, False, batching)(params, keys, chunks))
+  def figures(greedy):
+    m, _ = train.evaluate(eval_program(exp, greedy, batching), params, exp.eval_keys, keys,
+                          exp.config.eval.num_groups)
+    return m
+
+  m = figures(False)
   out = [{k: float(m[k][i]) for k in EVAL_KEYS} for i in range(len(keys))]
   if exp.config.eval.greedy:
-    g = jax.device_get(eval_program(exp, True, batching)(params, keys, chunks))
+    g = figures(True)
     for i, o in enumerate(out):
       o.update({f"greedy_{k}": float(g[k][i]) for k in EVAL_KEYS})
   return out
@@ -371,7 +364,7 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
              "groups": groups, "seconds": {k: round(v, 2) for k, v in seconds.items()}}
   if workdir:
     os.makedirs(workdir, exist_ok=True)
-    files.write_json(os.path.join(workdir, "sweep_summary.json"), summary)
+    train.write_json(os.path.join(workdir, "sweep_summary.json"), summary)
   return {**summary, "params": params}
 
 

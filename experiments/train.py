@@ -50,7 +50,6 @@ import tqdm
 from ml_collections import config_flags
 
 from experiments import common
-from jagent._src import files
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", str(pathlib.Path(__file__).parent / "configs" / "tiny.py"),
@@ -70,7 +69,7 @@ _PROCESS_ID = flags.DEFINE_integer(
     "process_id", None, "This process's id in [0, num_processes) (--distributed).")
 
 # The panels of curves.png: success, RAGEN's Echo Trap diagnostics
-# (REFERENCE.md section 3), evaluation and rollout speed. (Every key of the
+# (Wang et al., arXiv 2504.20073), evaluation and rollout speed. (Every key of the
 # ~80 in metrics.jsonl would take ~20 s to draw and be unreadable.)
 CURVE_KEYS = (
     "rollout/success", "rollout/pass_at_group", "rollout/score", "eval/success",
@@ -146,7 +145,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   primary = exp.is_primary
   os.makedirs(workdir, exist_ok=True)
   if primary:
-    files.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
+    train.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
   ckpt = exp.checkpointer(workdir)
   last = ckpt.latest_step()
   # Without a checkpoint the run starts over: drop every record of an attempt
@@ -197,7 +196,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   exp.export(workdir, state.params)
   if primary:
     # Whole or not at all: its presence marks a finished run (experiments.compare).
-    files.write_json(os.path.join(workdir, "eval_summary.json"), summary)
+    train.write_json(os.path.join(workdir, "eval_summary.json"), summary)
   return summary
 
 

@@ -63,7 +63,6 @@ from jagent import models  # pylint: disable=g-import-not-at-top,wrong-import-po
 from jagent import sharding  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jagent import train  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jagent import transforms  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jagent.train import _rl  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", str(pathlib.Path(__file__).parent.parent / "configs" / "tiny.py"),
@@ -119,8 +118,8 @@ def _timed(fn: Callable[[], Any], repeats: int) -> dict[str, Any]:
 def trained_rows(exp: common.Experiment, traj) -> transforms.Batch:
   """The rows an RL iteration trains on: the filter's kept groups (host arrays)."""
   c = exp.config
-  kept, _ = _rl.compact_groups(jax.device_get(traj), exp.num_keep, mode=c.rl.filter_mode,
-                               value=c.rl.filter_value, include_zero=c.rl.include_zero)
+  kept, _ = train.compact_groups(jax.device_get(traj), exp.num_keep, mode=c.rl.filter_mode,
+                                 value=c.rl.filter_value, include_zero=c.rl.include_zero)
   return jax.device_get(kept.to_batch())
 
 
@@ -165,7 +164,7 @@ def measure_mesh(config, n: int, params, batch, repeats: int) -> dict[str, Any]:
   # Train step (state donated: each call takes the previous call's state).
   state = exp.rl_state(placed)
   step = sharding.shard_train_step(exp.objective, exp.train_config, mesh,
-                                   exp.state_shardings(state))
+                                   sharding.train_state_shardings(state, mesh))
   rows = sharding.shard_rows(batch, mesh)
   holder = {"state": state}
 

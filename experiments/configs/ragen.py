@@ -7,9 +7,9 @@ r"""RAGEN-scale configs for accelerators: RAGEN v1's protocol and hyperparameter
 The argument after ``:`` is ``<env id>,<algorithm>`` as in
 ``experiments/configs/tiny.py`` (whose fields this config overrides). The model
 and tokenizer come from a Hugging Face directory (``config.model_dir``; nothing
-downloads at run time). Values from REFERENCE.md section 3 (RAGEN v1,
-arXiv 2504.20073): an instruct model trained from the start (no SFT), think
-mode (``<think>..</think><answer>..</answer>``, up to 5 actions a turn), 5
+downloads at run time). Values from the RAGEN v1 paper (Wang et al., arXiv
+2504.20073) and its training setup: an instruct model trained from the start
+(no SFT), think mode (``<think>..</think><answer>..</answer>``, up to 5 actions a turn), 5
 turns, 10 actions, 400 tokens a turn; 8 groups x 16 rollouts at temperature
 1; PPO minibatches of 32 rows, 1 epoch; actor lr 1e-6, critic lr 1e-5, AdamW
 weight decay 0.01, gradient clip 1; StarPO-S keeps the top 25% of groups (no
@@ -24,7 +24,7 @@ import ml_collections
 
 from experiments.configs import tiny
 from jagent import rollout
-from jagent.train import _rl
+from jagent import train
 
 _RAGEN_PROMPT = rollout.PromptConfig()  # its defaults are RAGEN's turn texts
 
@@ -54,8 +54,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sft.update(dict(steps=0))
   filter_value = 0.25 if c.algorithm == "starpo_s" else 1.0
   # RAGEN's 32-row PPO minibatches of the trained rows (kept groups x 16).
-  rows = _rl.num_kept_groups(c.rollout.num_groups, c.rl.filter_mode,
-                             filter_value) * c.rollout.group_size
+  rows = train.num_kept_groups(c.rollout.num_groups, c.rl.filter_mode,
+                               filter_value) * c.rollout.group_size
   c.rl.update(dict(
       steps=200, learning_rate=1e-6, warmup_steps=0, decay="constant",
       critic_learning_rate=1e-5, critic="model", weight_decay=0.01, max_grad_norm=1.0,

@@ -14,6 +14,10 @@ Example (8 devices: 2-way data, 2-way FSDP, 2-way tensor parallelism)::
   iteration = sharding.shard_rl_iteration(train_rollout, objective, train_config, mesh,
                                           shardings, num_keep=2)
   state, metrics = iteration(state, key)
+  # evaluation on fixed levels, chunk by chunk (jagent.train.evaluate):
+  program = sharding.shard_eval_program(eval_rollout, mesh)
+  metrics, first_chunk = train.evaluate(program, state.params, reset_keys, key, num_groups)
+  samples = train.decode_samples(sharding.to_host(first_chunk), tokenizer)
 
 Multi-process runs (``jax.distributed.initialize``): the mesh spans every
 process's devices; host rows become global arrays with :func:`global_rows`.
@@ -26,6 +30,9 @@ from jagent.sharding._mesh import MESH_AXES
 from jagent.sharding._mesh import parse_mesh_spec
 from jagent.sharding._mesh import ROW_AXES
 from jagent.sharding._mesh import rows_size
+from jagent.sharding._placement import place_state
+from jagent.sharding._placement import to_host
+from jagent.sharding._placement import train_state_target
 from jagent.sharding._rules import batch_sharding
 from jagent.sharding._rules import DEFAULT_RULES
 from jagent.sharding._rules import global_rows
@@ -36,6 +43,7 @@ from jagent.sharding._rules import rows_shardings
 from jagent.sharding._rules import shard_rows
 from jagent.sharding._rules import train_state_shardings
 from jagent.sharding._rules import tree_shardings
+from jagent.sharding._steps import shard_eval_program
 from jagent.sharding._steps import shard_rl_iteration
 from jagent.sharding._steps import shard_rollout
 from jagent.sharding._steps import shard_sft_step
@@ -51,14 +59,18 @@ __all__ = (
     "make_mesh",
     "param_shardings",
     "parse_mesh_spec",
+    "place_state",
     "replicated",
     "rows_shardings",
     "rows_size",
+    "shard_eval_program",
     "shard_rl_iteration",
     "shard_rollout",
     "shard_rows",
     "shard_sft_step",
     "shard_train_step",
     "train_state_shardings",
+    "to_host",
+    "train_state_target",
     "tree_shardings",
 )

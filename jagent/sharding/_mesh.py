@@ -97,7 +97,9 @@ def make_mesh(spec: str = "", devices: Sequence[jax.Device] | None = None
   https://arxiv.org/abs/1909.08053). Axis types are ``AxisType.Auto``: jax
   0.10's ``jax.make_mesh`` defaults to Explicit axes, under which ordinary
   ``jit(in_shardings=..., out_shardings=...)`` code fails on contractions
-  (shared/STACK.md), so the partitioner (GSPMD) places the collectives.
+  with a ``ShardingTypeError`` (jax's "Explicit sharding" documentation,
+  https://docs.jax.dev/en/latest/notebooks/explicit-sharding.html), so the
+  partitioner (GSPMD) places the collectives.
 
   Args:
     spec: see :func:`parse_mesh_spec`, e.g. ``"data:2,fsdp:2,tensor:2"``,

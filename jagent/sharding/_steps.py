@@ -25,6 +25,7 @@ from jagent.rollout import _text
 from jagent.rollout import _trajectory
 from jagent.sharding import _mesh
 from jagent.sharding import _rules
+from jagent.train import _eval
 from jagent.train import _rl
 from jagent.train import _state
 from jagent.train import _step
@@ -70,6 +71,10 @@ def _batch_step(fn: Callable, mesh: jax.sharding.Mesh, state_shardings: _state.T
     if key not in compiled:
       compiled[key] = jax.jit(fn, in_shardings=(state_shardings, batch_shardings),
                               out_shardings=(state_shardings, rep), donate_argnums=0)
+    # NOTE(jax 0.10.2): jax.device_put onto a replicated sharding reuses a
+    # single-device array's buffer for its first shard, even with
+    # may_alias=False, so donating the placed state also frees the arrays it
+    # was placed from (the docstrings say not to read them).
     return compiled[key](_placed(state, state_shardings), _placed(batch, batch_shardings))
 
   return sharded_step
@@ -87,9 +92,7 @@ def shard_train_step(objective: transforms.Objective, config: _state.TrainConfig
   program whose outputs are the new state on ``state_shardings`` and
   replicated metrics. The input state's buffers are donated (reused for the
   new state): do not read ``state`` after the call, nor the arrays it was
-  placed from (``jax.device_put`` onto a replicated sharding reuses a
-  single-device array's buffer for its first shard, even with
-  ``may_alias=False``, in jax 0.10.2). Values equal the
+  placed from. Values equal the
   single-device ``train_step`` up to float reassociation of the sharded
   reductions. One compile per batch structure and shapes. In a multi-process
   run pass global arrays (e.g. :func:`global_rows`) or numpy arrays equal on
@@ -145,7 +148,7 @@ def shard_sft_step(config: _state.TrainConfig, mesh: jax.sharding.Mesh,
       divisible by ``data x fsdp`` or ``sft_step``'s own batch errors.
   """
   def step(state, batch):
-    return _step._sft_step(state, batch, config=config)  # pylint: disable=protected-access
+    return _step.sft_update(state, batch, config=config)
 
   return _batch_step(step, mesh, state_shardings)
 
@@ -220,6 +223,55 @@ def shard_rl_iteration(rollout_fn: Callable[..., _trajectory.Trajectory],
     return jitted(_placed(state, state_shardings), key)
 
   return sharded_iteration
+
+
+def shard_eval_program(rollout_fn: Callable[..., _trajectory.Trajectory],
+                       mesh: jax.sharding.Mesh, rules: _rules.Rules = _rules.DEFAULT_RULES
+                       ) -> _eval.EvalProgram:
+  """:func:`jagent.train.eval_program` jitted for ``mesh``.
+
+  The returned ``program(params, key, reset_keys)`` places ``params`` by
+  their logical axes (:func:`param_shardings` with ``rules``; no-op when
+  already there) and replicates the keys; the trajectory's rows come out over
+  ``data x fsdp`` (GSPMD carries that sharding back into the sampling loop,
+  so each device generates only its rows) and the metrics replicated,
+  computed in the same program. Pass it to :func:`jagent.train.evaluate`.
+  One compile per parameter structure; in a multi-process run every process
+  calls it with the same keys. On a one-device mesh the values equal
+  ``jax.jit(eval_program(rollout_fn))``'s bit for bit.
+
+  Args:
+    rollout_fn: ``rollout_fn(params, key, reset_keys) -> Trajectory``
+      (:func:`jagent.rollout.make_rollout`); ``B = num_groups x G`` must be
+      divisible by ``data x fsdp``.
+    mesh: the device mesh (:func:`make_mesh`).
+    rules: see :data:`DEFAULT_RULES`.
+
+  Returns:
+    ``program(params, key, reset_keys) -> (Trajectory, metrics)`` as
+    :func:`jagent.train.eval_program`'s: ``key`` a typed PRNG key ``[]``,
+    ``reset_keys`` typed PRNG keys ``[num_groups]``, metrics float32 ``[]``.
+
+  Raises:
+    ValueError: (at the first call) ``B`` not divisible by ``data x fsdp``,
+      a bad rule, or what the rollout raises.
+  """
+  program = _eval.eval_program(rollout_fn)
+  rep = _rules.replicated(mesh)
+  compiled: dict[Any, tuple[Callable, Any]] = {}
+
+  def sharded_program(params, key, reset_keys):
+    sig = (jax.tree.structure(params), tuple(np.shape(x) for x in jax.tree.leaves(params)))
+    if sig not in compiled:
+      params_sh = _rules.param_shardings(params, mesh, rules)
+      traj, _ = jax.eval_shape(program, params, key, reset_keys)
+      compiled[sig] = (jax.jit(program, in_shardings=(params_sh, rep, rep),
+                               out_shardings=(_rules.rows_shardings(traj, mesh), rep)),
+                       params_sh)
+    fn, params_sh = compiled[sig]
+    return fn(_placed(params, params_sh), key, reset_keys)
+
+  return sharded_program
 
 
 def shard_rollout(text_env: _text.TextEnv, model_config: models.ModelConfig,

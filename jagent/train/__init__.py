@@ -1,4 +1,4 @@
-"""jagent.train: train state, jit-compiled train steps, checkpoints and metrics.
+"""jagent.train: train state, jit-compiled train steps, evaluation, checkpoints and metrics.
 
 Example (one StarPO-S step on a rollout batch)::
 
@@ -12,18 +12,29 @@ Example (one StarPO-S step on a rollout batch)::
       objective=objective)
   state, metrics = train.train_step(state, batch, objective=objective,
                                     config=cfg)
+  # evaluation on fixed levels, chunk by chunk (on a mesh:
+  # jagent.sharding.shard_eval_program instead of jax.jit):
+  program = jax.jit(train.eval_program(eval_rollout))
+  metrics, first_chunk = train.evaluate(program, state.params, reset_keys, key,
+                                        num_groups)
   ckpt = train.Checkpointer(workdir, keep=3)
   ckpt.save(int(state.step), state, {"config": ...})
 
 Please don't use symbols in the ``_``-prefixed modules: they may change.
 """
 
+from jagent._src.files import write_json
+from jagent._src.files import write_text
 from jagent.train._checkpoint import Checkpointer
 from jagent.train._checkpoint import export_policy
+from jagent.train._critic import CRITIC_KINDS
 from jagent.train._critic import critic_values
 from jagent.train._critic import CriticParams
 from jagent.train._critic import init_critic
 from jagent.train._critic import ValueHead
+from jagent.train._eval import decode_samples
+from jagent.train._eval import eval_program
+from jagent.train._eval import evaluate
 from jagent.train._logprobs import LogprobsOutput
 from jagent.train._logprobs import token_logprobs
 from jagent.train._metrics import MetricsWriter
@@ -32,6 +43,8 @@ from jagent.train._optim import current_learning_rate
 from jagent.train._optim import make_optimizer
 from jagent.train._optim import make_schedule
 from jagent.train._optim import OptimizerConfig
+from jagent.train._rl import compact_groups
+from jagent.train._rl import num_kept_groups
 from jagent.train._rl import rl_iteration
 from jagent.train._state import init_train_state
 from jagent.train._state import objective_needs
@@ -43,10 +56,12 @@ from jagent.train._step import accumulate_gradients
 from jagent.train._step import AccumulatedGradients
 from jagent.train._step import nll_loss
 from jagent.train._step import sft_step
+from jagent.train._step import sft_update
 from jagent.train._step import train_step
 
 __all__ = (
     "AccumulatedGradients",
+    "CRITIC_KINDS",
     "Checkpointer",
     "CriticParams",
     "LogprobsOutput",
@@ -58,18 +73,26 @@ __all__ = (
     "TrainState",
     "ValueHead",
     "accumulate_gradients",
+    "compact_groups",
     "critic_values",
     "current_learning_rate",
+    "decode_samples",
+    "eval_program",
+    "evaluate",
     "export_policy",
     "init_critic",
     "init_train_state",
     "make_optimizer",
     "make_schedule",
     "nll_loss",
+    "num_kept_groups",
     "objective_needs",
     "read_metrics",
     "rl_iteration",
     "sft_step",
+    "sft_update",
     "token_logprobs",
     "train_step",
+    "write_json",
+    "write_text",
 )

@@ -41,7 +41,8 @@ class Checkpointer:
 
   Restore needs a target (a state of the right structure, or its
   ``jax.eval_shape``): without one orbax turns optax's NamedTuples into
-  lists (shared/STACK.md). Shardings of the target's leaves are honoured, so
+  lists (orbax-checkpoint 0.12.8 restores a tree it has no type for as
+  lists and dicts). Shardings of the target's leaves are honoured, so
   a run can resume on another mesh.
 
   Example::

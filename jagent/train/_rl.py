@@ -1,4 +1,4 @@
-"""The RL iteration (:func:`rl_iteration`), group compaction and evaluation.
+"""The RL iteration (:func:`rl_iteration`) and group compaction.
 
 The iteration is ``rollout -> filter -> advantages -> updates``. StarPO-S's
 uncertainty filter keeps a FIXED number of groups under ``top_fraction`` /
@@ -163,55 +163,3 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
   metrics.update(filter_metrics)
   metrics.update(train_metrics)
   return state, {k: f32(v).reshape(()) for k, v in metrics.items()}
-
-
-def evaluate(rollout_fn: Callable[..., _trajectory.Trajectory], params: Any,
-             reset_keys: jax.Array, key: jax.Array, num_groups: int
-             ) -> tuple[dict[str, float], _trajectory.Trajectory]:
-  """Success and friends on a fixed set of initial states.
-
-  Args:
-    rollout_fn: from :func:`jagent.rollout.make_rollout` (its config's
-      ``num_groups`` is the chunk size; its sampling is the evaluation's).
-    params: policy parameters.
-    reset_keys: PRNG keys [M] of the initial states, M a multiple of
-      ``num_groups`` (e.g. fixed validation seeds).
-    key: sampling key.
-    num_groups: the rollout config's ``num_groups``.
-
-  Returns:
-    ``(metrics, first_chunk)``: float metrics averaged over all M x G
-    episodes (``success``, ``pass_at_group``, ``score``, ``actions``,
-    ``turns``, ``format_valid_frac``, ...; see ``Trajectory.metrics``) and
-    the first chunk's trajectories (for decoded samples).
-
-  Raises:
-    ValueError: M not a multiple of ``num_groups``.
-  """
-  m = reset_keys.shape[0]
-  if m % num_groups:
-    raise ValueError(f"{m} evaluation states is not a multiple of num_groups={num_groups}")
-  sums: dict[str, float] = {}
-  first = None
-  for i in range(m // num_groups):
-    traj = rollout_fn(params, jax.random.fold_in(key, i),
-                      reset_keys[i * num_groups:(i + 1) * num_groups])
-    first = traj if first is None else first
-    for k, v in traj.metrics().items():
-      sums[k] = sums.get(k, 0.0) + float(v)
-  chunks = m // num_groups
-  return {k: v / chunks for k, v in sums.items()}, first
-
-
-def decode_samples(traj: _trajectory.Trajectory, tokenizer, num: int = 4) -> list[dict]:
-  """The first ``num`` trajectories as text with their outcome (for inspection)."""
-  out = []
-  for b in range(min(num, traj.tokens.shape[0])):
-    n = int(traj.length[b])
-    out.append({
-        "text": tokenizer.decode(np.asarray(traj.tokens[b, :n]).tolist()),
-        "score": float(traj.scores[b]), "success": bool(traj.success[b]),
-        "turns": int(traj.num_turns[b]),
-        "end_reason": _trajectory.END_REASONS[int(traj.end_reason[b])],
-    })
-  return out

@@ -471,8 +471,15 @@ def train_step(state: _state.TrainState, batch: transforms.Batch, *,
 
 
 # -------------------------------------------------------------- SFT step
-def _sft_step(state: _state.TrainState, batch: transforms.Batch, *,
-              config: _state.TrainConfig):
+def sft_update(state: _state.TrainState, batch: transforms.Batch, *,
+               config: _state.TrainConfig) -> tuple[_state.TrainState, dict[str, Array]]:
+  """:func:`sft_step` as a pure, unjitted function: jit, scan or vmap it.
+
+  The same update, arguments, metrics and errors as :func:`sft_step`, but
+  ``config`` is an ordinary argument, so its optimizer's learning rate may be
+  a traced float32 scalar (a learning-rate sweep under ``vmap``, as
+  :func:`jagent.train.rl_iteration` allows for RL).
+  """
   c = config
   k_mb = c.num_microbatches
   _check_batch(batch, k_mb, "sft_step")
@@ -535,4 +542,4 @@ def sft_step(state: _state.TrainState, batch: transforms.Batch, *,
   Raises:
     ValueError: missing fields, bad shapes, or B not divisible.
   """
-  return _sft_step(state, batch, config=config)
+  return sft_update(state, batch, config=config)

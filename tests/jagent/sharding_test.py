@@ -41,6 +41,13 @@ MESHES = (("cube", "data:2,fsdp:2,tensor:2"), ("fsdp2_tensor4", "fsdp:2,tensor:4
 ROWS = P(("data", "fsdp"))
 
 
+def _lake_text_env() -> rollout.TextEnv:
+  """FrozenLake 4x4 in the compact prompt (no system text, no think)."""
+  env, _ = envs_jax.make("FrozenLake-4x4-v0")
+  return rollout.TextEnv(env, TOK, rollout.PromptConfig.compact(
+      system="", instructions="", think=False))
+
+
 def _spec(mesh, *axes):
   return NamedSharding(mesh, P(*axes))
 
@@ -326,9 +333,7 @@ class ShardedRolloutTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    env, _ = envs_jax.make("FrozenLake-4x4-v0")
-    cls.text_env = rollout.TextEnv(env, TOK, rollout.PromptConfig.compact(
-        system="", instructions="", think=False))
+    cls.text_env = _lake_text_env()
     cls.config = rollout.RolloutConfig(num_groups=4, group_size=2, max_turns=2,
                                        max_tokens_per_turn=8)
     cls.params = models.init(ROLLOUT_CFG, jax.random.key(0))
@@ -368,6 +373,91 @@ class ShardedRolloutTest(parameterized.TestCase):
                              sharding.make_mesh("data:2,fsdp:2,tensor:2"))
 
 
+class ShardedEvaluateTest(absltest.TestCase):
+  """``train.evaluate`` of 8 FrozenLake levels in 2 chunks: one device vs meshes."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    text_env = _lake_text_env()
+    config = rollout.RolloutConfig(num_groups=4, group_size=2, max_turns=2,
+                                   max_tokens_per_turn=8, temperature=0.5)
+    # In a dict: a function class attribute would bind as a method.
+    cls.fns = {"rollout": rollout.make_rollout(text_env, ROLLOUT_CFG, config)}
+    cls.params = models.init(ROLLOUT_CFG, jax.random.key(0))
+    cls.reset_keys = jax.random.split(jax.random.key(7), 8)
+    cls.key = jax.random.key(3)
+    program = jax.jit(train.eval_program(cls.fns["rollout"]))
+    cls.want, cls.want_first = train.evaluate(program, cls.params, cls.reset_keys, cls.key, 4)
+
+  def test_chunks_average_the_chunk_metrics(self):
+    program = jax.jit(train.eval_program(self.fns["rollout"]))
+    chunks = [program(self.params, jax.random.fold_in(self.key, i),
+                      self.reset_keys[4 * i:4 * (i + 1)])[1] for i in range(2)]
+    self.assertEqual(set(self.want), set(chunks[0]))
+    for k, v in self.want.items():
+      self.assertIsInstance(v, float)
+      self.assertEqual(v, (float(chunks[0][k]) + float(chunks[1][k])) / 2, k)
+    self.assertEqual(self.want_first.tokens.shape[0], 8)  # 4 levels x G = 2
+    with self.assertRaisesRegex(ValueError, "6 evaluation states .* num_groups=4"):
+      train.evaluate(program, self.params, self.reset_keys[:6], self.key, 4)
+
+  def test_one_device_mesh_is_bit_for_bit(self):
+    mesh = sharding.make_mesh("", jax.devices()[:1])
+    program = sharding.shard_eval_program(self.fns["rollout"], mesh)
+    got, first = train.evaluate(program, self.params, self.reset_keys, self.key, 4)
+    self.assertEqual(got, self.want)
+    np.testing.assert_array_equal(sharding.to_host(first).tokens, self.want_first.tokens)
+
+  def test_mesh_equals_one_device(self):
+    mesh = sharding.make_mesh(MESHES[0][1])
+    program = sharding.shard_eval_program(self.fns["rollout"], mesh)
+    got, first = train.evaluate(program, self.params, self.reset_keys, self.key, 4)
+    self.assertGreater(self.want["reply_tokens"], 1.0)  # the policy did reply
+    self.assertEqual(set(got), set(self.want))
+    for k, v in self.want.items():
+      self.assertAlmostEqual(got[k], v, places=6, msg=k)
+    self.assertEqual(first.tokens.sharding, NamedSharding(mesh, ROWS))
+    host = sharding.to_host(first)
+    self.assertIsInstance(host.tokens, np.ndarray)
+    np.testing.assert_array_equal(host.tokens, self.want_first.tokens)
+    samples = train.decode_samples(host, TOK, 2)
+    self.assertLen(samples, 2)
+    self.assertEqual(samples[0]["turns"], int(self.want_first.num_turns[0]))
+
+
+class PlacementTest(absltest.TestCase):
+  """``place_state`` / ``train_state_target`` / ``to_host`` on the cube mesh."""
+
+  def test_place_gather_and_restore_target(self):
+    config = train.TrainConfig(model=TRAIN_CFG, actor_optimizer=train.OptimizerConfig(
+        learning_rate=1e-3))
+    params = models.init(TRAIN_CFG, jax.random.key(0))
+
+    def make(p):
+      return train.init_train_state(p, jax.random.key(1), config=config, critic="head")
+
+    mesh = sharding.make_mesh(MESHES[0][1])
+    placed = sharding.place_state(make, params, mesh=mesh)
+    want = make(params)
+    shardings = sharding.train_state_shardings(want, mesh)
+    for (path, got), s in zip(jax.tree.leaves_with_path(placed), jax.tree.leaves(shardings)):
+      self.assertEqual(got.sharding, s, jax.tree_util.keystr(path))
+    self.assertEqual(placed.params.layers[0].wq.sharding, shardings.params.layers[0].wq)
+    host = sharding.to_host(placed)
+    self.assertEqual(jax.tree.structure(host), jax.tree.structure(want))
+    for got, w in zip(jax.tree.leaves(host), jax.tree.leaves(jax.device_get(want))):
+      self.assertIsInstance(got, np.ndarray)
+      np.testing.assert_array_equal(got, w)
+    target = sharding.train_state_target(jax.eval_shape(make, params), mesh)
+    for t, w, s in zip(jax.tree.leaves(target), jax.tree.leaves(want),
+                       jax.tree.leaves(shardings)):
+      self.assertIsInstance(t, jax.ShapeDtypeStruct)
+      self.assertEqual((t.shape, t.dtype, t.sharding), (w.shape, w.dtype, s))
+    with self.assertRaisesRegex(ValueError, "TrainState"):
+      sharding.place_state(lambda p: p, params, mesh=mesh)
+
+
 @pytest.mark.heavy
 class ShardedRLIterationTest(absltest.TestCase):
   """shard_rl_iteration on (2,2,2) == jagent.train.rl_iteration on one device.
@@ -380,9 +470,7 @@ class ShardedRLIterationTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    env, _ = envs_jax.make("FrozenLake-4x4-v0")
-    text_env = rollout.TextEnv(env, TOK, rollout.PromptConfig.compact(
-        system="", instructions="", think=False))
+    text_env = _lake_text_env()
     rc = rollout.RolloutConfig(num_groups=4, group_size=2, max_turns=2, max_tokens_per_turn=8)
     # In a dict: a function class attribute would bind as a method.
     cls.fns = {"rollout": rollout.make_rollout(text_env, ROLLOUT_CFG, rc)}
