@@ -489,7 +489,7 @@ class Experiment:
     if not c.sft.steps:
       return params
     demos = self.demonstrations()
-    batch_all = demos.to_batch()
+    batch_all = train.trajectory_batch(demos)
     tc = self.sft_train_config()
     state = self.sft_state(params, tc)
     indices = self.sft_batch_indices(demos.tokens.shape[0])

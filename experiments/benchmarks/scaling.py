@@ -121,7 +121,7 @@ def trained_rows(exp: common.Experiment, traj) -> transforms.Batch:
   c = exp.config
   kept, _ = _rl.compact_groups(jax.device_get(traj), exp.num_keep, mode=c.rl.filter_mode,
                                value=c.rl.filter_value, include_zero=c.rl.include_zero)
-  return jax.device_get(kept.to_batch())
+  return jax.device_get(train.trajectory_batch(kept))
 
 
 def measure_mesh(config, n: int, params, batch, repeats: int) -> dict[str, Any]:

@@ -18,6 +18,7 @@ Example (one StarPO-S step on a rollout batch)::
 Please don't use symbols in the ``_``-prefixed modules: they may change.
 """
 
+from jagent.train._batch import trajectory_batch
 from jagent.train._checkpoint import Checkpointer
 from jagent.train._checkpoint import export_policy
 from jagent.train._critic import critic_values
@@ -72,4 +73,5 @@ __all__ = (
     "sft_step",
     "token_logprobs",
     "train_step",
+    "trajectory_batch",
 )

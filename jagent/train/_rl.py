@@ -20,6 +20,7 @@ import numpy as np
 from jagent import losses
 from jagent.losses import _filters
 from jagent.rollout import _trajectory
+from jagent.train import _batch
 from jagent.train import _state
 from jagent.train import _step
 
@@ -154,7 +155,7 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
   kept, filter_metrics = compact_groups(traj, num_keep, mode=filter_mode, value=filter_value,
                                         include_zero=include_zero)
   state, train_metrics = _step._train_step(  # pylint: disable=protected-access
-      state, on_rows(kept.to_batch()), objective=objective, config=config)
+      state, on_rows(_batch.trajectory_batch(kept)), objective=objective, config=config)
   f32 = lambda x: jnp.asarray(x, jnp.float32)  # pylint: disable=unnecessary-lambda-assignment
   metrics = {f"rollout/{k}": v for k, v in traj.metrics().items()}
   metrics["rollout/sampled_tokens"] = jnp.sum(f32(traj.loss_mask))

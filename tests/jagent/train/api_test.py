@@ -16,7 +16,7 @@ _EXPECTED = {
     "current_learning_rate", "export_policy", "init_critic",
     "init_train_state", "make_optimizer", "make_schedule", "nll_loss",
     "objective_needs", "read_metrics", "rl_iteration", "sft_step", "token_logprobs",
-    "train_step",
+    "train_step", "trajectory_batch",
 }
 
 

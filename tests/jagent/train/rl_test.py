@@ -116,7 +116,7 @@ class RlIterationTest(absltest.TestCase):
     state, m = self.one(self.states[0], self.keys[0])
     traj = fake_rollout(self.states[0].params, self.keys[0])
     kept, fm = _rl.compact_groups(traj, 2, mode="top_fraction", value=0.5)
-    want, tm = train.train_step(self.states[0], kept.to_batch(), objective=OBJ,
+    want, tm = train.train_step(self.states[0], train.trajectory_batch(kept), objective=OBJ,
                                 config=_train_config())
     for g, w in zip(jax.tree.leaves(state.params), jax.tree.leaves(want.params)):
       np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
