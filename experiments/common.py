@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import envs_jax
+from jagent import losses
 from jagent import models
 from jagent import rollout
 from jagent import sharding
@@ -90,6 +91,16 @@ def _bad(field: str, value: Any, why: str) -> ValueError:
   return ValueError(f"config.{field}={value!r}: {why}")
 
 
+def filter_config(config) -> losses.FilterConfig:
+  """The run's uncertainty filter, from ``config.rl.filter_mode/filter_value/include_zero``.
+
+  Raises:
+    ValueError: from :class:`jagent.losses.FilterConfig`, naming the field.
+  """
+  rl = config.rl
+  return losses.FilterConfig(rl.filter_mode, rl.filter_value, rl.include_zero)
+
+
 def validate(config, num_devices: int | None = None) -> None:
   """Checks a train/eval config; raises ValueError naming the first bad field.
 
@@ -128,7 +139,7 @@ def validate(config, num_devices: int | None = None) -> None:
     raise _bad("rl.critic", config.rl.critic, f"unknown; known: {_critic.CRITIC_KINDS}")
   if config.rl.filter_mode in ("top_fraction", "top_k"):
     try:
-      k = _rl.num_kept_groups(r.num_groups, config.rl.filter_mode, config.rl.filter_value)
+      k = _rl.num_kept_groups(r.num_groups, filter_config(config))
     except ValueError as e:
       raise _bad("rl.filter_value", config.rl.filter_value, str(e)) from None
     if k < 1:
@@ -189,7 +200,7 @@ def _validate_mesh(config, num_devices: int | None) -> None:
   if config.rl.get("num_microbatches", 1) == -1:
     kept = r.num_groups
     if config.rl.filter_mode in ("top_fraction", "top_k"):
-      kept = _rl.num_kept_groups(r.num_groups, config.rl.filter_mode, config.rl.filter_value)
+      kept = _rl.num_kept_groups(r.num_groups, filter_config(config))
     rows.append(("a minibatch (rl.num_microbatches=-1: one row per device)",
                  kept * r.group_size // config.rl.num_minibatches))
   for name, b in rows:
@@ -247,18 +258,13 @@ class Experiment:
       raise _bad("rollout.max_tokens_per_turn", r.max_tokens_per_turn,
                  f"rollout.max_turns={r.max_turns} turns of it need {self.context_size} "
                  f"tokens of context; the model has {self.model_config.max_position} positions")
-    kwargs = dict(c.algorithm_kwargs)
-    if c.rl.filter_mode in ("top_fraction", "top_k"):
-      # Compaction applies the filter; the objective's own filter keeps all.
-      self.num_keep = _rl.num_kept_groups(r.num_groups, c.rl.filter_mode, c.rl.filter_value)
-      if c.algorithm in ("starpo_s",):
-        kwargs.update(filter_mode="top_fraction", filter_value=1.0)
-    else:
-      self.num_keep = r.num_groups
-      if c.algorithm in ("starpo_s",):
-        kwargs.update(filter_mode=c.rl.filter_mode, filter_value=c.rl.filter_value)
-    self.objective = transforms.make(c.algorithm, **kwargs)
-    self.needs = train.objective_needs(c.algorithm, **dict(c.algorithm_kwargs))
+    # The run's one filter (rl.filter_*): it replaces the objective's own in
+    # train.rl_iteration, which applies it once (compaction, then the stage).
+    self.filter_config = filter_config(c)
+    self.num_keep = (_rl.num_kept_groups(r.num_groups, self.filter_config)
+                     if self.filter_config.fixed_count else r.num_groups)
+    self.objective = transforms.make(c.algorithm, **dict(c.algorithm_kwargs))
+    self.needs = self.objective.needs
     # config.mesh (validated above): None runs on the default device as before.
     spec = c.get("mesh", "")
     self.mesh = sharding.make_mesh(spec, devices) if spec else None
@@ -556,12 +562,10 @@ class Experiment:
     ``config`` overrides :attr:`train_config` (e.g. with a traced learning
     rate). Not jitted: jit or vmap it; :meth:`rl_step` runs it jitted.
     """
-    c = self.config
     return train.rl_iteration(
         state, key, rollout_fn=self.rollout_fn("train"), objective=self.objective,
         config=self.train_config if config is None else config, num_keep=self.num_keep,
-        filter_mode=c.rl.filter_mode, filter_value=c.rl.filter_value,
-        include_zero=c.rl.include_zero)
+        filter_config=self.filter_config)
 
   def rl_step(self, state, step: int):
     """One iteration (rollout, compaction by the filter, update) as one jitted program.
@@ -579,14 +583,12 @@ class Experiment:
       fn = shared_program(("rl_iteration", self.signature()),
                           lambda: jax.jit(self.rl_iteration))
     else:
-      c = self.config
 
       def build():
         return sharding.shard_rl_iteration(
             self.rollout_fn("train"), self.objective, self.train_config, self.mesh,
             self.state_shardings(state), num_keep=self.num_keep,
-            filter_mode=c.rl.filter_mode, filter_value=c.rl.filter_value,
-            include_zero=c.rl.include_zero)
+            filter_config=self.filter_config)
 
       fn = shared_program(("rl_iteration", self.signature(), self._devices_key), build)
     t0 = time.perf_counter()

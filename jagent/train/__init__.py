@@ -4,12 +4,13 @@ Example (one StarPO-S step on a rollout batch)::
 
   from jagent import models, train, transforms
   cfg = train.TrainConfig(model=models.get_config("tiny"), num_minibatches=4)
-  needs = train.objective_needs("starpo_s")       # critic=True, reference=False
   objective = transforms.make("starpo_s")         # build once: it is static
+  needs = objective.needs                         # critic=True, reference=False
   state = train.init_train_state(
       params, jax.random.key(0), config=cfg,
       critic="head" if needs.critic else None, reference=needs.reference,
       objective=objective)
+  batch = train.trajectory_batch(traj)            # a rollout.Trajectory
   state, metrics = train.train_step(state, batch, objective=objective,
                                     config=cfg)
   ckpt = train.Checkpointer(workdir, keep=3)

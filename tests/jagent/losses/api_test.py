@@ -6,7 +6,7 @@ from jagent import losses
 
 _EXPECTED = {
     "AGGREGATION_MODES", "Aggregate", "AdvantagesAndReturns", "FILTER_MODES",
-    "FORMAT_PENALTY", "FilterResult", "GigpoAdvantages", "KL_ESTIMATORS",
+    "FORMAT_PENALTY", "FilterConfig", "FilterResult", "GigpoAdvantages", "KL_ESTIMATORS",
     "PolicyLoss", "RunningNormState", "ValueLoss", "aggregate", "as_groups",
     "bilevel_gae", "clipped_value_loss", "discounted_returns",
     "dr_grpo_advantages", "entropy_from_logits", "filter_groups",

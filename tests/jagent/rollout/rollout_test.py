@@ -288,6 +288,8 @@ class RolloutPropertiesTest(parameterized.TestCase):
       rollout.RolloutConfig(group_size=0)
     with self.assertRaisesRegex(ValueError, "temperature"):
       rollout.RolloutConfig(temperature=0.0)
+    with self.assertRaisesRegex(ValueError, "RolloutConfig.format_penalty=0.1: .* <= 0"):
+      rollout.RolloutConfig(format_penalty=0.1)
     with self.assertRaisesRegex(ValueError, "vocab_size"):
       rollout.make_rollout(self.text_env, MICRO.replace(vocab_size=100) if hasattr(
           MICRO, "replace") else models.ModelConfig(vocab_size=100), self.config)

@@ -6,7 +6,8 @@ from jagent import transforms
 
 _EXPECTED = {
     "ADVANTAGE_ESTIMATORS", "Batch", "EmptyState", "KlControllerState",
-    "LossOutput", "LossTerm", "ModelOutputs", "Objective", "Transform",
+    "LossOutput", "LossTerm", "ModelOutputs", "Objective", "ObjectiveNeeds",
+    "Transform",
     "chain", "compute_bilevel_gae", "compute_dr_grpo", "compute_gae",
     "compute_gigpo", "compute_grpo", "compute_reinforce_pp",
     "compute_reinforce_pp_baseline", "compute_rloo", "dapo", "dr_grpo",
