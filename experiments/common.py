@@ -258,12 +258,13 @@ class Experiment:
       raise _bad("rollout.max_tokens_per_turn", r.max_tokens_per_turn,
                  f"rollout.max_turns={r.max_turns} turns of it need {self.context_size} "
                  f"tokens of context; the model has {self.model_config.max_position} positions")
-    # The run's one filter (rl.filter_*): it replaces the objective's own in
-    # train.rl_iteration, which applies it once (compaction, then the stage).
-    self.filter_config = filter_config(c)
+    # The run's one filter (rl.filter_*) replaces the objective's own; the
+    # objective kept is the one that runs on the compacted rows (its filter
+    # stage rebuilt so the filter applies once), as train.rl_iteration does.
+    self.filter_config, self.objective = _rl.iteration_filter(
+        transforms.make(c.algorithm, **dict(c.algorithm_kwargs)), filter_config(c))
     self.num_keep = (_rl.num_kept_groups(r.num_groups, self.filter_config)
                      if self.filter_config.fixed_count else r.num_groups)
-    self.objective = transforms.make(c.algorithm, **dict(c.algorithm_kwargs))
     self.needs = self.objective.needs
     # config.mesh (validated above): None runs on the default device as before.
     spec = c.get("mesh", "")

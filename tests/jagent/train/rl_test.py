@@ -88,6 +88,10 @@ class IterationFilterTest(absltest.TestCase):
     f, run = _rl.iteration_filter(obj, fc("top_p", 0.9, False))
     self.assertEqual((f, run.filter_config), (fc("top_p", 0.9, False), fc("top_p", 0.9, True)))
     self.assertEqual(run.needs, obj.needs)
+    # Idempotent: the objective it returns may be handed to an iteration again.
+    for given in (fc("top_k", 3, False), fc("top_p", 0.9, False)):
+      f, run = _rl.iteration_filter(obj, given)
+      self.assertEqual(_rl.iteration_filter(run, f)[1].filter_config, run.filter_config)
 
   def test_objective_without_filter_keeps_all(self):
     obj = transforms.grpo()

