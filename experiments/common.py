@@ -164,6 +164,18 @@ def eval_rollout_config(config, *, temperature: float | None = None, greedy: boo
                 group_size=group_size, greedy=greedy, context_size=context_size)
 
 
+def filter_config(config) -> losses.FilterConfig:
+  """The run's uncertainty filter, from ``config.rl.filter_mode/filter_value/include_zero``.
+
+  Raises:
+    ValueError: from :class:`jagent.losses.FilterConfig`, naming the field.
+  """
+  rl = config.rl
+  return _named(losses.FilterConfig, {
+      "mode": ("rl.filter_mode", rl.filter_mode), "value": ("rl.filter_value", rl.filter_value),
+      "include_zero": ("rl.include_zero", rl.include_zero)})
+
+
 def validate(config, num_devices: int | None = None) -> None:
   """Checks a train/eval config; raises ValueError naming the first bad field.
 
@@ -187,13 +199,12 @@ def validate(config, num_devices: int | None = None) -> None:
   if config.model not in models.config_names() and not config.model_dir:
     raise _bad("model", config.model, f"unknown; known: {models.config_names()}")
   r = rollout_config(config)
-  if config.rl.filter_mode not in losses.FILTER_MODES:
-    raise _bad("rl.filter_mode", config.rl.filter_mode, f"unknown; known: {losses.FILTER_MODES}")
+  fc = filter_config(config)
   if config.rl.critic not in train.CRITIC_KINDS:
     raise _bad("rl.critic", config.rl.critic, f"unknown; known: {train.CRITIC_KINDS}")
-  if config.rl.filter_mode in ("top_fraction", "top_k"):
+  if fc.fixed_count:
     try:
-      k = train.num_kept_groups(r.num_groups, config.rl.filter_mode, config.rl.filter_value)
+      k = train.num_kept_groups(r.num_groups, fc)
     except ValueError as e:
       raise _bad("rl.filter_value", config.rl.filter_value, str(e)) from None
     if k < 1:
@@ -276,7 +287,7 @@ def _validate_mesh(config, num_devices: int | None) -> None:
   if config.rl.get("num_microbatches", 1) == -1:
     kept = r.num_groups
     if config.rl.filter_mode in ("top_fraction", "top_k"):
-      kept = train.num_kept_groups(r.num_groups, config.rl.filter_mode, config.rl.filter_value)
+      kept = train.num_kept_groups(r.num_groups, filter_config(config))
     rows.append(("a minibatch (rl.num_microbatches=-1: one row per device)",
                  kept * r.group_size // config.rl.num_minibatches))
   for name, b in rows:
@@ -333,18 +344,14 @@ class Experiment:
       raise _bad("rollout.max_tokens_per_turn", r.max_tokens_per_turn,
                  f"rollout.max_turns={r.max_turns} turns of it need {self.context_size} "
                  f"tokens of context; the model has {self.model_config.max_position} positions")
-    kwargs = dict(c.algorithm_kwargs)
-    if c.rl.filter_mode in ("top_fraction", "top_k"):
-      # Compaction applies the filter; the objective's own filter keeps all.
-      self.num_keep = train.num_kept_groups(r.num_groups, c.rl.filter_mode, c.rl.filter_value)
-      if c.algorithm in ("starpo_s",):
-        kwargs.update(filter_mode="top_fraction", filter_value=1.0)
-    else:
-      self.num_keep = r.num_groups
-      if c.algorithm in ("starpo_s",):
-        kwargs.update(filter_mode=c.rl.filter_mode, filter_value=c.rl.filter_value)
-    self.objective = transforms.make(c.algorithm, **kwargs)
-    self.needs = train.objective_needs(c.algorithm, **dict(c.algorithm_kwargs))
+    # The run's one filter (rl.filter_*) replaces the objective's own; the
+    # objective kept is the one that runs on the compacted rows (its filter
+    # stage rebuilt so the filter applies once), as train.rl_iteration does.
+    self.filter_config, self.objective = train.iteration_filter(
+        transforms.make(c.algorithm, **dict(c.algorithm_kwargs)), filter_config(c))
+    self.num_keep = (train.num_kept_groups(r.num_groups, self.filter_config)
+                     if self.filter_config.fixed_count else r.num_groups)
+    self.needs = self.objective.needs
     # One code path for every run: config.mesh (validated above), or a
     # one-device mesh of the default device (bit for bit an unsharded run).
     self.mesh = (sharding.make_mesh(spec, devices) if spec
@@ -488,7 +495,7 @@ class Experiment:
     if not c.sft.steps:
       return params
     demos = self.demonstrations()
-    batch_all = demos.to_batch()
+    batch_all = train.trajectory_batch(demos)
     tc = self.sft_train_config()
     state = self.sft_state(params, tc)
     indices = self.sft_batch_indices(demos.tokens.shape[0])
@@ -543,12 +550,10 @@ class Experiment:
     ``config`` overrides :attr:`train_config` (e.g. with a traced learning
     rate). Not jitted: jit or vmap it; :meth:`rl_step` runs it jitted.
     """
-    c = self.config
     return train.rl_iteration(
         state, key, rollout_fn=self.rollout_fn("train"), objective=self.objective,
         config=self.train_config if config is None else config, num_keep=self.num_keep,
-        filter_mode=c.rl.filter_mode, filter_value=c.rl.filter_value,
-        include_zero=c.rl.include_zero)
+        filter_config=self.filter_config)
 
   def rl_step(self, state, step: int):
     """One iteration (rollout, compaction by the filter, update) as one jitted program.
@@ -563,14 +568,11 @@ class Experiment:
     whole iteration (rollout and update run in one program, so they are
     not timed apart).
     """
-    c = self.config
-
     def build():
       return sharding.shard_rl_iteration(
           self.rollout_fn("train"), self.objective, self.train_config, self.mesh,
           sharding.train_state_shardings(state, self.mesh), num_keep=self.num_keep,
-          filter_mode=c.rl.filter_mode, filter_value=c.rl.filter_value,
-          include_zero=c.rl.include_zero)
+          filter_config=self.filter_config)
 
     fn = shared_program(("rl_iteration", self.signature(), self._devices_key), build)
     t0 = time.perf_counter()

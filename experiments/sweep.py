@@ -316,7 +316,7 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   t0 = time.perf_counter()
   params = [e.init_params() for e in exps]
   if c.sft.steps:
-    batches = [e.demonstrations().to_batch() for e in exps]
+    batches = [train.trajectory_batch(e.demonstrations()) for e in exps]
     states = stack_runs([e.sft_state(p) for e, p in zip(exps, params)])
     indices = jnp.asarray(np.stack([e.sft_batch_indices(b.tokens.shape[0])
                                     for e, b in zip(exps, batches)]))

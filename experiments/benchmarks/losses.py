@@ -188,33 +188,6 @@ def model_outputs(params, tokens_bs, config, critic: bool, entropy: bool
       token_entropy(logits) if entropy else None)
 
 
-def objective_needs(obj: transforms.Objective, batch: transforms.Batch
-                    ) -> tuple[bool, bool]:
-  """(critic, entropy): which optional model outputs ``obj.loss`` reads.
-
-  Found by tracing the loss abstractly without each output: the value and
-  entropy terms raise ValueError naming the missing output.
-  """
-  spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
-                      batch)
-  state = obj.init(spec)
-  updated, _ = jax.eval_shape(obj.update, spec, state)
-  logp = jax.ShapeDtypeStruct(spec.loss_mask.shape, jnp.float32)
-
-  def needs(field):
-    full = dict(values=logp, entropy=logp)
-    full[field] = None
-    try:
-      jax.eval_shape(obj.loss, transforms.ModelOutputs(logp, **full), updated)
-    except ValueError as e:
-      if f"ModelOutputs.{field}" in str(e):
-        return True
-      raise
-    return False
-
-  return needs("values"), needs("entropy")
-
-
 # ------------------------------------------------------------------- timing
 CLOCKS = ("wall", "cpu")
 
@@ -315,7 +288,7 @@ def bench_algorithm(name: str, steps: Steps, params, batch,
   """
   config = steps.config
   obj = transforms.make(name)
-  critic, entropy = objective_needs(obj, batch)
+  critic, entropy = obj.needs.critic, obj.needs.entropy  # declared by the alias
   obj_state = obj.init(batch)
   opt_state = steps.tx.init(params)
   outs = steps.outputs(critic, entropy)(params, batch.tokens)

@@ -240,7 +240,7 @@ def program_memory(exp: common.Experiment) -> dict[str, dict[str, Any]]:
   # The train step on the kept rows.
   rows = exp.num_keep * exp.rollout_config.group_size
   kept = jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows,) + x.shape[1:], x.dtype), traj)
-  batch = jax.eval_shape(lambda t: t.to_batch(), kept)
+  batch = jax.eval_shape(train.trajectory_batch, kept)
   batch_shardings = sharding.rows_shardings(batch, mesh)
   objective, config = exp.objective, exp.train_config
   jitted = jax.jit(lambda s, b: train.train_step(s, b, objective=objective, config=config),

@@ -117,10 +117,8 @@ def _timed(fn: Callable[[], Any], repeats: int) -> dict[str, Any]:
 
 def trained_rows(exp: common.Experiment, traj) -> transforms.Batch:
   """The rows an RL iteration trains on: the filter's kept groups (host arrays)."""
-  c = exp.config
-  kept, _ = train.compact_groups(jax.device_get(traj), exp.num_keep, mode=c.rl.filter_mode,
-                                 value=c.rl.filter_value, include_zero=c.rl.include_zero)
-  return jax.device_get(kept.to_batch())
+  kept, _ = train.compact_groups(jax.device_get(traj), exp.num_keep, exp.filter_config)
+  return jax.device_get(train.trajectory_batch(kept))
 
 
 def measure_mesh(config, n: int, params, batch, repeats: int) -> dict[str, Any]:

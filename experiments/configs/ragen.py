@@ -23,6 +23,7 @@ from __future__ import annotations
 import ml_collections
 
 from experiments.configs import tiny
+from jagent import losses
 from jagent import rollout
 from jagent import train
 
@@ -54,8 +55,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sft.update(dict(steps=0))
   filter_value = 0.25 if c.algorithm == "starpo_s" else 1.0
   # RAGEN's 32-row PPO minibatches of the trained rows (kept groups x 16).
-  rows = train.num_kept_groups(c.rollout.num_groups, c.rl.filter_mode,
-                               filter_value) * c.rollout.group_size
+  rows = train.num_kept_groups(c.rollout.num_groups, losses.FilterConfig(
+      c.rl.filter_mode, filter_value)) * c.rollout.group_size
   c.rl.update(dict(
       steps=200, learning_rate=1e-6, warmup_steps=0, decay="constant",
       critic_learning_rate=1e-5, critic="model", weight_decay=0.01, max_grad_norm=1.0,

@@ -36,6 +36,7 @@ from jagent.losses._aggregation import seq_mean_token_sum_norm
 from jagent.losses._aggregation import token_mean
 from jagent.losses._filters import FILTER_MODES
 from jagent.losses._filters import filter_groups
+from jagent.losses._filters import FilterConfig
 from jagent.losses._filters import FilterResult
 from jagent.losses._filters import group_std
 from jagent.losses._policy import gspo_loss
@@ -65,6 +66,7 @@ __all__ = (
     "AdvantagesAndReturns",
     "FILTER_MODES",
     "FORMAT_PENALTY",
+    "FilterConfig",
     "FilterResult",
     "GigpoAdvantages",
     "KL_ESTIMATORS",

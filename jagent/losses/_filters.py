@@ -10,6 +10,7 @@ bit-identical std; ties break towards the lower group index.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax.numpy as jnp
@@ -96,6 +97,56 @@ def check_filter_args(mode: str, value: float) -> None:
   else:
     _checks.check_in_range("value", value, 0.0, 1.0)
 
+
+
+@dataclasses.dataclass(frozen=True)
+class FilterConfig:
+  """The uncertainty filter of a rollout: one object, validated once.
+
+  An objective owns it (``transforms.starpo_s(filter_config=...)``, read back
+  as ``Objective.filter_config``); :func:`jagent.train.rl_iteration` reads it
+  to compact the kept groups, and the objective's filter stage applies it to
+  a batch. Hashable (a static argument of a jitted step).
+
+  Attributes:
+    mode: one of :data:`FILTER_MODES` (see :func:`filter_groups`).
+    value: the mode's parameter (a Python number): fraction in (0, 1]
+      (``top_fraction``; StarPO-S: 0.25), count >= 1 (``top_k``), share > 0
+      (``top_p``; RAGEN-2: 0.9), ratio in [0, 1] (``min_p``).
+    include_zero: whether zero-std groups may be kept (a bool).
+
+  Raises:
+    ValueError: from ``__post_init__``, naming the bad field, e.g.
+      ``FilterConfig.mode='top': must be one of (...)``.
+
+  References:
+    StarPO-S (RAGEN, https://arxiv.org/abs/2504.20073, section 4.3).
+  """
+  mode: str = TOP_FRACTION
+  value: float = 0.25
+  include_zero: bool = True
+
+  def __post_init__(self):
+    def bad(field, why):
+      raise ValueError(f"FilterConfig.{field}={getattr(self, field)!r}: {why}")
+
+    if self.mode not in FILTER_MODES:
+      bad("mode", f"must be one of {FILTER_MODES}")
+    try:
+      check_filter_args(self.mode, self.value)
+    except ValueError as e:
+      bad("value", f"invalid for mode {self.mode!r} ({e})")
+    if not isinstance(self.include_zero, bool):
+      bad("include_zero", "must be a bool")
+
+  @property
+  def fixed_count(self) -> bool:
+    """Whether the mode keeps a number of groups known before the data."""
+    return self.mode in (TOP_FRACTION, TOP_K)
+
+
+KEEP_ALL = FilterConfig(TOP_FRACTION, 1.0, True)
+"""The filter that keeps every group (no uncertainty filtering)."""
 
 def filter_groups(
     scores_ng: ArrayLike,

@@ -14,13 +14,15 @@ from jagent._src.types import ArrayLike
 from jagent.losses import _advantages
 from jagent.losses import _checks
 
-FORMAT_PENALTY = 0.1
-"""RAGEN's format penalty magnitude (``es_manager.format_penalty: -0.1``)."""
+FORMAT_PENALTY = -0.1
+"""RAGEN's format penalty (``es_manager.format_penalty: -0.1``): the reward
+added to a turn whose reply has a bad format. One sign everywhere: a penalty is
+the (non-positive) amount added, as in ``jagent.rollout.RolloutConfig``."""
 
 
 def format_penalty(format_valid_t: ArrayLike,
                    penalty: float = FORMAT_PENALTY) -> Array:
-  """Per-turn format penalty: ``-penalty`` on every turn with a bad format.
+  """Per-turn format penalty: ``penalty`` on every turn with a bad format.
 
   A turn's format is bad when any parsed action is invalid or there is no
   valid action (an unparseable reply included); RAGEN adds -0.1 once per such
@@ -28,21 +30,21 @@ def format_penalty(format_valid_t: ArrayLike,
 
   Args:
     format_valid_t: bool ``[T]`` (turns), True where the turn's format was ok.
-    penalty: the magnitude, >= 0.
+    penalty: the reward added to a bad turn, <= 0 (RAGEN: -0.1).
 
   Returns:
-    float32 ``[T]``: 0 or ``-penalty``.
+    float32 ``[T]``: 0 or ``penalty``.
 
   Raises:
-    ValueError: if ``format_valid_t`` is not rank 1 or penalty < 0.
+    ValueError: if ``format_valid_t`` is not rank 1 or penalty > 0.
 
   References:
     RAGEN (https://arxiv.org/abs/2504.20073), ``es_manager.format_penalty``.
   """
   _checks.check_rank("format_valid_t", format_valid_t, 1, "T")
-  _checks.check_in_range("penalty", penalty, 0.0, float("inf"))
+  _checks.check_in_range("penalty", penalty, -float("inf"), 0.0)
   return jnp.where(jnp.asarray(format_valid_t, jnp.bool_), 0.0,
-                   -jnp.float32(penalty))
+                   jnp.float32(penalty))
 
 
 def _check_tokens(mask_s, turn_ids_s):

@@ -6,7 +6,7 @@ arXiv 2504.20073). Here an expert is an :class:`Expert` (reply text per
 row) played through the host loop (:func:`expert_rollout`), so a
 demonstration is a :class:`Trajectory` exactly like an RL rollout's: the
 expert's reply tokens are the trained tokens, and SFT and RL share one data
-format (``Trajectory.to_batch()``, :func:`jagent.train.sft_step`).
+format (:func:`jagent.train.trajectory_batch`, :func:`jagent.train.sft_step`).
 
 The expert reads the JAX state of :class:`JaxEnvAsHost` rows every turn and
 asks the game for its answers: the solver is the environment's own
@@ -180,7 +180,7 @@ def demonstrations(
   :func:`expert_rollout` on :class:`JaxEnvAsHost` rows: the same prompts,
   parsing, rewards and budgets as an RL rollout with the same config, and
   the same initial states as :func:`make_rollout` for the same ``key`` /
-  ``reset_keys``. ``to_batch()`` feeds :func:`jagent.train.sft_step`
+  ``reset_keys``. :func:`jagent.train.trajectory_batch` of it feeds :func:`jagent.train.sft_step`
   (token-mean NLL of the expert's reply tokens, EOS included). RAGEN's SFT
   baseline trains on BFS demonstrations rendered as assistant replies.
 

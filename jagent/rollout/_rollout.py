@@ -46,7 +46,9 @@ class RolloutConfig:
     temperature, top_k, top_p, greedy: sampling (RAGEN trains at T = 1 and
       validates at T = 0.5).
     format_penalty: added to a turn's reward when its reply is not valid
-      (RAGEN: -0.1).
+      (RAGEN's es_manager: -0.1). The one home of the format penalty: the
+      trajectory's rewards hold it, and no objective adds it again
+      (``jagent.train.trajectory_batch`` leaves ``format_valid`` out).
 
   Raises:
     ValueError: from ``__post_init__``, naming the bad field.
@@ -74,6 +76,11 @@ class RolloutConfig:
         not isinstance(self.context_size, int) or self.context_size < 1):
       raise ValueError(f"RolloutConfig.context_size={self.context_size!r}: must be a "
                        "positive int or None")
+    if not isinstance(self.format_penalty, (int, float)) or not -float("inf") < (
+        self.format_penalty) <= 0:
+      # One sign everywhere: the (non-positive) reward added to a bad turn.
+      raise ValueError(f"RolloutConfig.format_penalty={self.format_penalty!r}: must be a "
+                       "finite float <= 0 (the reward added to a bad turn; RAGEN: -0.1)")
     self.sampling()  # validates temperature / top_k / top_p
 
   @property

@@ -1,5 +1,8 @@
 """The Trajectory pytree: what a rollout returns and training consumes.
 
+Training reads it through :func:`jagent.train.trajectory_batch` (the sampler
+does not know the objectives' :class:`jagent.transforms.Batch`).
+
 Rows are group-major: row ``b`` belongs to group ``b // G`` and all members of
 a group started from the same initial state. ``S`` is the context size (the
 whole conversation of one trajectory, padded), ``T`` the maximum number of
@@ -11,8 +14,6 @@ from __future__ import annotations
 import flax.struct
 import jax
 import jax.numpy as jnp
-
-from jagent.transforms import _batch
 
 # Why an episode ended (``Trajectory.end_reason``).
 RUNNING = 0  # never left in a finished rollout
@@ -89,21 +90,6 @@ class Trajectory:
   overflow: jax.Array
   group_ids: jax.Array
   group_size: int = flax.struct.field(pytree_node=False, default=1)
-
-  def to_batch(self) -> _batch.Batch:
-    """The :class:`jagent.transforms.Batch` that objectives consume.
-
-    Sampled-token fields map one to one; the trajectory score, termination
-    (truncated rows bootstrap in GAE) and turn anchors are carried over.
-    ``format_valid`` is NOT: the rollout already put the format penalty into
-    the rewards (as RAGEN does), and an objective's ``penalize_format`` stage
-    would add it a second time.
-    """
-    return _batch.Batch(
-        tokens=self.tokens, loss_mask=self.loss_mask, sampler_logprobs=self.logprobs,
-        rewards=self.token_rewards, scores=self.scores, terminated=self.terminated,
-        turn_ids=self.turn_ids, anchor_hashes=self.anchor_hashes,
-        group_size=self.group_size)
 
   def metrics(self) -> dict[str, jax.Array]:
     """Rollout diagnostics (float32 scalars), RAGEN's Echo Trap set included.

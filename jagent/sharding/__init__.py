@@ -9,7 +9,7 @@ Example (8 devices: 2-way data, 2-way FSDP, 2-way tensor parallelism)::
   step = sharding.shard_train_step(objective, train_config, mesh, shardings)
   rollout = sharding.shard_rollout(text_env, model_config, rollout_config, mesh)
   traj = rollout(state.params, key)            # rows over data x fsdp
-  state, metrics = step(state, traj.to_batch())  # state donated
+  state, metrics = step(state, train.trajectory_batch(traj))  # state donated
   # or the whole RL iteration (rollout -> filter -> update) as one program:
   iteration = sharding.shard_rl_iteration(train_rollout, objective, train_config, mesh,
                                           shardings, num_keep=2)

@@ -16,10 +16,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from jagent import losses
 from jagent import models
 from jagent import transforms
 from jagent._src.types import Array
-from jagent.losses import _filters
 from jagent.rollout import _rollout
 from jagent.rollout import _text
 from jagent.rollout import _trajectory
@@ -156,8 +156,7 @@ def shard_sft_step(config: _state.TrainConfig, mesh: jax.sharding.Mesh,
 def shard_rl_iteration(rollout_fn: Callable[..., _trajectory.Trajectory],
                        objective: transforms.Objective, config: _state.TrainConfig,
                        mesh: jax.sharding.Mesh, state_shardings: _state.TrainState, *,
-                       num_keep: int, filter_mode: str = "top_fraction",
-                       filter_value: float = 1.0, include_zero: bool = True
+                       num_keep: int, filter_config: losses.FilterConfig | None = None
                        ) -> Callable[[_state.TrainState, jax.Array],
                                      tuple[_state.TrainState, dict[str, Array]]]:
   """:func:`jagent.train.rl_iteration` jitted for ``mesh``, state donated.
@@ -186,8 +185,8 @@ def shard_rl_iteration(rollout_fn: Callable[..., _trajectory.Trajectory],
     config: the :class:`jagent.train.TrainConfig` (static).
     mesh: the device mesh (:func:`make_mesh`).
     state_shardings: :func:`train_state_shardings` of the state.
-    num_keep, filter_mode, filter_value, include_zero: as
-      :func:`jagent.train.rl_iteration`.
+    num_keep, filter_config: as :func:`jagent.train.rl_iteration` (None:
+      the objective's own filter).
 
   Returns:
     ``step(state, key) -> (state, metrics)``: ``key`` a typed PRNG key
@@ -200,7 +199,7 @@ def shard_rl_iteration(rollout_fn: Callable[..., _trajectory.Trajectory],
       raises.
   """
   _check_state_shardings(state_shardings, mesh)
-  _filters.check_filter_args(filter_mode, filter_value)
+  _rl.iteration_filter(objective, filter_config)  # bad filters raise here, at build
   rep = _rules.replicated(mesh)
   n = _mesh.rows_size(mesh)
 
@@ -212,8 +211,7 @@ def shard_rl_iteration(rollout_fn: Callable[..., _trajectory.Trajectory],
 
   def iteration(state, key):
     return _rl.rl_iteration(state, key, rollout_fn=rollout_fn, objective=objective,
-                            config=config, num_keep=num_keep, filter_mode=filter_mode,
-                            filter_value=filter_value, include_zero=include_zero,
+                            config=config, num_keep=num_keep, filter_config=filter_config,
                             rows_constraint=on_rows)
 
   jitted = jax.jit(iteration, in_shardings=(state_shardings, rep),

@@ -4,12 +4,13 @@ Example (one StarPO-S step on a rollout batch)::
 
   from jagent import models, train, transforms
   cfg = train.TrainConfig(model=models.get_config("tiny"), num_minibatches=4)
-  needs = train.objective_needs("starpo_s")       # critic=True, reference=False
   objective = transforms.make("starpo_s")         # build once: it is static
+  needs = objective.needs                         # critic=True, reference=False
   state = train.init_train_state(
       params, jax.random.key(0), config=cfg,
       critic="head" if needs.critic else None, reference=needs.reference,
       objective=objective)
+  batch = train.trajectory_batch(traj)            # a rollout.Trajectory
   state, metrics = train.train_step(state, batch, objective=objective,
                                     config=cfg)
   # evaluation on fixed levels, chunk by chunk (on a mesh:
@@ -25,6 +26,7 @@ Please don't use symbols in the ``_``-prefixed modules: they may change.
 
 from jagent._src.files import write_json
 from jagent._src.files import write_text
+from jagent.train._batch import trajectory_batch
 from jagent.train._checkpoint import Checkpointer
 from jagent.train._checkpoint import export_policy
 from jagent.train._critic import CRITIC_KINDS
@@ -44,6 +46,7 @@ from jagent.train._optim import make_optimizer
 from jagent.train._optim import make_schedule
 from jagent.train._optim import OptimizerConfig
 from jagent.train._rl import compact_groups
+from jagent.train._rl import iteration_filter
 from jagent.train._rl import num_kept_groups
 from jagent.train._rl import rl_iteration
 from jagent.train._state import init_train_state
@@ -82,6 +85,7 @@ __all__ = (
     "export_policy",
     "init_critic",
     "init_train_state",
+    "iteration_filter",
     "make_optimizer",
     "make_schedule",
     "nll_loss",
@@ -95,4 +99,5 @@ __all__ = (
     "train_step",
     "write_json",
     "write_text",
+    "trajectory_batch",
 )

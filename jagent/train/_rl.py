@@ -6,7 +6,9 @@ uncertainty filter keeps a FIXED number of groups under ``top_fraction`` /
 a smaller batch of static shape before the train step: the update then costs
 ``k / N`` of the masked version (where dropped rows still run through the
 model). :func:`compact_groups` does that; the objective's own filter stage
-then sees only kept groups.
+then sees only kept groups. The filter is one
+:class:`jagent.losses.FilterConfig`, the objective's
+(``Objective.filter_config``) unless the iteration is given another.
 """
 
 from __future__ import annotations
@@ -18,31 +20,82 @@ import jax.numpy as jnp
 import numpy as np
 
 from jagent import losses
+from jagent import transforms
 from jagent.losses import _filters
 from jagent.rollout import _trajectory
+from jagent.train import _batch
 from jagent.train import _state
 from jagent.train import _step
 
 
-def num_kept_groups(num_groups: int, mode: str, value: float) -> int:
+def _check_filter_config(filter_config) -> None:
+  if not isinstance(filter_config, _filters.FilterConfig):
+    raise ValueError(f"filter_config must be a jagent.losses.FilterConfig; "
+                     f"got {filter_config!r}.")
+
+
+def num_kept_groups(num_groups: int, filter_config: losses.FilterConfig) -> int:
   """Static group count kept by :func:`compact_groups` (``top_fraction``/``top_k``).
+
+  Args:
+    num_groups: N groups per rollout.
+    filter_config: the :class:`jagent.losses.FilterConfig`.
 
   Raises:
     ValueError: for modes whose kept count depends on the data (``top_p``,
-      ``min_p``): compact to all groups with those.
+      ``min_p``; ``filter_config.fixed_count`` is False): compact to all
+      groups with those.
   """
-  _filters.check_filter_args(mode, value)
-  if mode == "top_fraction":
+  _check_filter_config(filter_config)
+  mode, value = filter_config.mode, filter_config.value
+  if mode == _filters.TOP_FRACTION:
     return min(num_groups, max(1, int(value * num_groups)))
-  if mode == "top_k":
+  if mode == _filters.TOP_K:
     return min(num_groups, int(value))
   raise ValueError(f"filter mode {mode!r} keeps a data-dependent number of groups; "
                    "compaction needs top_fraction or top_k")
 
 
-def compact_groups(traj: _trajectory.Trajectory, num_keep: int, *,
-                   mode: str = "top_fraction", value: float = 0.25,
-                   include_zero: bool = True
+def iteration_filter(objective: transforms.Objective,
+                     filter_config: losses.FilterConfig | None = None
+                     ) -> tuple[losses.FilterConfig, transforms.Objective]:
+  """The filter an RL iteration compacts with, and the objective it then runs.
+
+  The filter is ``filter_config`` if given, else the objective's own
+  (``objective.filter_config``), else one that keeps every group
+  (``top_fraction`` 1.0).
+  An objective with a filter stage then gets that stage rebuilt for the
+  compacted batch, so the filter is applied once: a fixed-count filter
+  (``top_fraction`` / ``top_k``) already chose the kept groups and the stage
+  keeps them all; a data-dependent one (``top_p`` / ``min_p``, no rows
+  dropped) is re-applied as is, with zero-std groups left to the compaction
+  (whose ``include_zero`` already zeroed their loss mask).
+
+  Args:
+    objective: a :class:`jagent.transforms.Objective`.
+    filter_config: an explicit :class:`jagent.losses.FilterConfig` (e.g. from
+      an experiment's config), replacing the objective's; or None.
+
+  Returns:
+    ``(filter_config, objective)``.
+
+  Raises:
+    ValueError: ``filter_config`` not a FilterConfig.
+  """
+  if filter_config is None:
+    filter_config = objective.filter_config or _filters.KEEP_ALL
+  _check_filter_config(filter_config)
+  if objective.filter_config is not None:
+    if filter_config.fixed_count:
+      stage = _filters.KEEP_ALL
+    else:
+      stage = losses.FilterConfig(filter_config.mode, filter_config.value, True)
+    objective = objective.with_filter(stage)
+  return filter_config, objective
+
+
+def compact_groups(traj: _trajectory.Trajectory, num_keep: int,
+                   filter_config: losses.FilterConfig = losses.FilterConfig()
                    ) -> tuple[_trajectory.Trajectory, dict[str, jax.Array]]:
   """Keeps the ``num_keep`` groups the uncertainty filter ranks first.
 
@@ -56,7 +109,8 @@ def compact_groups(traj: _trajectory.Trajectory, num_keep: int, *,
   Args:
     traj: a :class:`jagent.rollout.Trajectory` with ``N`` groups of ``G``.
     num_keep: K groups to keep (static, ``1 <= K <= N``).
-    mode, value, include_zero: the filter (see ``losses.filter_groups``).
+    filter_config: the :class:`jagent.losses.FilterConfig` (default
+      StarPO-S's: ``top_fraction`` 0.25).
 
   Returns:
     ``(trajectory of K * G rows, metrics)`` with metrics
@@ -65,14 +119,17 @@ def compact_groups(traj: _trajectory.Trajectory, num_keep: int, *,
     ``filter/nonzero_std_frac`` (share of groups with any reward variance).
 
   Raises:
-    ValueError: ``num_keep`` out of range.
+    ValueError: ``num_keep`` out of range or ``filter_config`` not a
+      FilterConfig.
   """
+  _check_filter_config(filter_config)
   g = traj.group_size
   n = traj.scores.shape[0] // g
   if not 1 <= num_keep <= n:
     raise ValueError(f"num_keep={num_keep} must be in [1, {n}] groups")
   scores = traj.scores.reshape(n, g)
-  res = losses.filter_groups(scores, mode, value, include_zero)
+  res = losses.filter_groups(scores, filter_config.mode, filter_config.value,
+                             filter_config.include_zero)
   keep, std = res.keep, res.group_std
   # Kept groups first, by decreasing std; then the rest by decreasing std.
   order = jnp.lexsort((jnp.arange(n), -std, ~keep))[:num_keep]
@@ -93,9 +150,10 @@ def compact_groups(traj: _trajectory.Trajectory, num_keep: int, *,
 
 
 def rl_iteration(state: _state.TrainState, key: jax.Array, *,
-                 rollout_fn: Callable[..., _trajectory.Trajectory], objective: Any,
-                 config: _state.TrainConfig, num_keep: int, filter_mode: str = "top_fraction",
-                 filter_value: float = 1.0, include_zero: bool = True,
+                 rollout_fn: Callable[..., _trajectory.Trajectory],
+                 objective: transforms.Objective,
+                 config: _state.TrainConfig, num_keep: int,
+                 filter_config: losses.FilterConfig | None = None,
                  rows_constraint: Callable[[Any], Any] | None = None
                  ) -> tuple[_state.TrainState, dict[str, jax.Array]]:
   """One RL iteration: rollout -> filter -> advantages -> updates, in one program.
@@ -124,9 +182,11 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
       num_microbatches``.
     num_keep: groups kept per iteration (static int in ``[1, N]``;
       :func:`num_kept_groups`, or ``N`` to keep every group).
-    filter_mode, filter_value, include_zero: the uncertainty filter (see
-      :func:`jagent.losses.filter_groups`); a kept slot whose group the
-      filter drops trains nothing.
+    filter_config: the uncertainty filter, a
+      :class:`jagent.losses.FilterConfig`; None: the objective's own
+      (``objective.filter_config``), or keep every group when it has none.
+      It is applied once (:func:`iteration_filter`); a kept slot whose group
+      the filter drops trains nothing.
     rows_constraint: optional ``tree -> tree`` applied to the trajectory and
       to the kept rows before the update (identity by default);
       :func:`jagent.sharding.shard_rl_iteration` passes a sharding
@@ -144,17 +204,16 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
     ``train/grad_norm``, ``loss/*``, ...).
 
   Raises:
-    ValueError: (at trace time) a bad filter mode or value, ``num_keep``
+    ValueError: (at trace time) ``filter_config`` not a FilterConfig, ``num_keep``
       out of range, or what :func:`jagent.train.train_step` raises (rows not
       divisible, missing batch fields).
   """
-  _filters.check_filter_args(filter_mode, filter_value)
+  filter_config, objective = iteration_filter(objective, filter_config)
   on_rows = rows_constraint or (lambda tree: tree)
   traj = on_rows(rollout_fn(state.params, key))
-  kept, filter_metrics = compact_groups(traj, num_keep, mode=filter_mode, value=filter_value,
-                                        include_zero=include_zero)
+  kept, filter_metrics = compact_groups(traj, num_keep, filter_config)
   state, train_metrics = _step._train_step(  # pylint: disable=protected-access
-      state, on_rows(kept.to_batch()), objective=objective, config=config)
+      state, on_rows(_batch.trajectory_batch(kept)), objective=objective, config=config)
   f32 = lambda x: jnp.asarray(x, jnp.float32)  # pylint: disable=unnecessary-lambda-assignment
   metrics = {f"rollout/{k}": v for k, v in traj.metrics().items()}
   metrics["rollout/sampled_tokens"] = jnp.sum(f32(traj.loss_mask))

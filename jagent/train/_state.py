@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +17,6 @@ from jagent._src.types import Array
 from jagent._src.types import PyTree
 from jagent.train import _critic
 from jagent.train import _optim
-from jagent.transforms import _aliases
 
 
 OLD_LOGPROBS = ("recompute", "sampler")
@@ -146,8 +144,9 @@ def init_train_state(params: models.Params, key: jax.Array, *,
                      batch: transforms.Batch | None = None) -> TrainState:
   """Builds the initial :class:`TrainState`.
 
-  Optimizer states are created under ``jax.jit`` (so their scalar counters
-  are placed like the parameters, which orbax needs to save them multi-process).
+  Optimizer states are created under ``jax.jit``, so their scalar counters
+  are placed like the parameters (eagerly, ``jnp.zeros`` would put them on
+  the default device whatever the parameters' sharding).
 
   Args:
     params: initial policy parameters (e.g. an SFT checkpoint).
@@ -156,10 +155,11 @@ def init_train_state(params: models.Params, key: jax.Array, *,
     config: the :class:`TrainConfig`.
     critic: None (no critic), ``"head"`` or ``"model"`` (see
       :func:`jagent.train.init_critic`; a ``"model"`` trunk copies
-      ``params``). Use :func:`objective_needs` to decide.
+      ``params``). ``objective.needs.critic`` says whether it needs one.
     critic_params: explicit critic parameters (overrides ``critic``).
     reference: keep a frozen copy of ``params`` as the reference policy
-      (needed by KL terms and KL-in-reward stages).
+      (needed by KL terms and KL-in-reward stages:
+      ``objective.needs.reference``).
     objective: the Objective; its transform state is initialised from
       ``batch`` (or an empty Batch, enough for the built-in stages).
     batch: example or spec batch for ``objective.init``.
@@ -195,71 +195,35 @@ def init_train_state(params: models.Params, key: jax.Array, *,
       skipped_nonfinite=zero(), skipped_empty=zero())
 
 
-class ObjectiveNeeds(NamedTuple):
-  """What a named objective needs besides the policy.
-
-  Attributes:
-    critic: a value function (GAE advantages and a value loss).
-    reference: a frozen reference policy (KL loss or KL-in-reward).
-  """
-  critic: bool
-  reference: bool
+ObjectiveNeeds = transforms.ObjectiveNeeds
+"""What an objective declares it needs (defined in jagent.transforms)."""
 
 
-_ALIASES = {
-    "ppo": transforms.ppo, "grpo": transforms.grpo,
-    "dr_grpo": transforms.dr_grpo, "dapo": transforms.dapo,
-    "rloo": transforms.rloo, "reinforce_pp": transforms.reinforce_pp,
-    "gigpo": transforms.gigpo, "starpo": transforms.starpo,
-    "starpo_s": transforms.starpo_s,
-}
+def objective_needs(name: str, **kwargs: Any) -> transforms.ObjectiveNeeds:
+  """What the registered objective ``name`` with ``kwargs`` needs.
 
-
-def objective_needs(name: str, **kwargs: Any) -> ObjectiveNeeds:
-  """Whether the built-in objective ``name`` with ``kwargs`` needs a critic / reference.
-
-  An :class:`jagent.transforms.Objective` does not say what it reads, so this
-  decides from the alias name and its hyperparameters (defaults included):
-  a critic for ``ppo`` and for ``starpo``/``starpo_s`` with a GAE advantage
-  (or an explicit ``critic=True``); a reference when ``kl_coef > 0`` (or
-  ``kl_reward_coef > 0`` for ``reinforce_pp``).
+  The objective declares it (:attr:`jagent.transforms.Objective.needs`, set
+  where its alias is defined); this builds it with ``transforms.make`` (no
+  compile) and returns that.
 
   Args:
-    name: a built-in objective name (``transforms.registered()``).
+    name: a registered objective name (``transforms.registered()``).
     **kwargs: the hyperparameters passed to ``transforms.make(name, ...)``.
 
   Returns:
-    :class:`ObjectiveNeeds`.
+    :class:`jagent.transforms.ObjectiveNeeds` ``(critic, reference,
+    entropy)``.
 
   Raises:
-    ValueError: for a name that is not a built-in alias (decide by hand) or
-      keyword arguments the alias does not take.
+    ValueError: for an unregistered name or keyword arguments the objective
+      does not take (from ``transforms.make``).
 
   Example::
 
     >>> from jagent import train
     >>> train.objective_needs("starpo_s")
-    ObjectiveNeeds(critic=True, reference=False)
+    ObjectiveNeeds(critic=True, reference=False, entropy=True)
     >>> train.objective_needs("grpo")
-    ObjectiveNeeds(critic=False, reference=True)
+    ObjectiveNeeds(critic=False, reference=True, entropy=True)
   """
-  if name not in _ALIASES:
-    raise ValueError(f"objective_needs knows the built-in objectives "
-                     f"{sorted(_ALIASES)}; got {name!r}: pass critic= and "
-                     f"reference= to init_train_state yourself.")
-  try:
-    bound = inspect.signature(_ALIASES[name]).bind(**kwargs)
-  except TypeError as e:
-    raise ValueError(f"objective {name!r}: {e}.") from e
-  bound.apply_defaults()
-  args = bound.arguments
-  if name == "ppo":
-    critic = True
-  elif name in ("starpo", "starpo_s"):
-    critic = (bool(args["critic"]) if args["critic"] is not None else
-              isinstance(args["advantage"], str)
-              and args["advantage"] in _aliases.CRITIC_ESTIMATORS)
-  else:
-    critic = False
-  coef = args.get("kl_reward_coef", args.get("kl_coef", 0.0))
-  return ObjectiveNeeds(critic=critic, reference=bool(coef))
+  return transforms.make(name, **kwargs).needs

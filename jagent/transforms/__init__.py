@@ -33,6 +33,7 @@ from jagent.transforms._base import EmptyState
 from jagent.transforms._base import identity
 from jagent.transforms._base import Objective
 from jagent.transforms._base import objective
+from jagent.transforms._base import ObjectiveNeeds
 from jagent.transforms._base import stateless
 from jagent.transforms._base import Transform
 from jagent.transforms._batch import Batch
@@ -75,6 +76,7 @@ __all__ = (
     "LossTerm",
     "ModelOutputs",
     "Objective",
+    "ObjectiveNeeds",
     "Transform",
     "chain",
     "compute_bilevel_gae",

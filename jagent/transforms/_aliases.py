@@ -1,6 +1,11 @@
 """Named algorithms, each a chain of stages plus a sum of loss terms.
 
-Defaults follow shared/REFERENCE.md (RAGEN v1 and verl conventions): RAGEN's
+Each alias registers itself (``@register(name)``) and declares what it reads
+(``Objective.needs``, derived from the loss terms it adds), so this module is
+the one place that lists them.
+
+Defaults follow RAGEN v1 (its ``config/base.yaml``) and verl (its
+``trainer/config/ppo_trainer.yaml`` and ``trainer/ppo/core_algos.py``): RAGEN's
 algorithms (``ppo``, ``grpo``, ``starpo``, ``starpo_s``) use entropy bonus
 0.001 and dual-clip 3 (verl's default "vanilla" policy loss always applies
 ``clip_ratio_c = 3``, so all aliases do); the others take their paper's
@@ -13,12 +18,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from jagent.losses import _filters
 from jagent.transforms import _loss
 from jagent.transforms import _stages
 from jagent.transforms._base import chain
 from jagent.transforms._base import Objective
 from jagent.transforms._base import objective
+from jagent.transforms._base import ObjectiveNeeds
 from jagent.transforms._base import Transform
+from jagent.transforms._registry import register
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Transform]] = {
     "gae": _stages.compute_gae,
@@ -55,9 +63,15 @@ def make_advantage(name: str, **kwargs: Any) -> Transform:
   return ADVANTAGE_ESTIMATORS[name](**kwargs)
 
 
-def _loss_fn(*, eps_low, eps_high, dual_clip, kl_coef, kl_estimator,
-             entropy_coef, aggregation, value_coef=0.0, value_clip=0.5,
-             critic=False):
+def _objective(stages, *, eps_low, eps_high, dual_clip, kl_coef, kl_estimator,
+               entropy_coef, aggregation, value_coef=0.0, value_clip=0.5,
+               critic=False, kl_in_reward=False, filter_config=None):
+  """The clipped-surrogate objective over ``stages``, its needs from its terms.
+
+  ``stages`` is a Transform, or with ``filter_config`` a function
+  ``filter_config -> Transform``. ``kl_in_reward``: a stage reads
+  ``ref_logprobs`` (KL-in-reward) besides the loss's KL term.
+  """
   terms = [_loss.ppo_clip_term(eps_low, eps_high, dual_clip)]
   if kl_coef:
     terms.append(_loss.kl_term(kl_coef, kl_estimator))
@@ -65,9 +79,14 @@ def _loss_fn(*, eps_low, eps_high, dual_clip, kl_coef, kl_estimator,
     terms.append(_loss.entropy_term(entropy_coef))
   if critic:
     terms.append(_loss.value_term(value_coef, value_clip))
-  return _loss.make_loss(*terms, aggregation=aggregation)
+  needs = ObjectiveNeeds(critic=bool(critic),
+                         reference=bool(kl_coef) or bool(kl_in_reward),
+                         entropy=bool(entropy_coef))
+  return objective(stages, _loss.make_loss(*terms, aggregation=aggregation),
+                   needs=needs, filter_config=filter_config)
 
 
+@register("ppo")
 def ppo(*, gamma: float = 1.0, lambda_: float = 1.0, whiten: bool = True,
         eps_low: float = 0.2, eps_high: float = 0.2,
         dual_clip: float | None = 3.0, entropy_coef: float = 0.001,
@@ -102,13 +121,14 @@ def ppo(*, gamma: float = 1.0, lambda_: float = 1.0, whiten: bool = True,
     Schulman et al. (https://arxiv.org/abs/1707.06347); RAGEN's PPO baseline.
   """
   stages = chain(_stages.compute_gae(gamma, lambda_, whiten))
-  return objective(stages, _loss_fn(
-      eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
+  return _objective(
+      stages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
       kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
-      aggregation=aggregation, value_coef=value_coef, value_clip=value_clip,
-      critic=True))
+      aggregation=aggregation, value_coef=value_coef,
+      value_clip=value_clip, critic=True)
 
 
+@register("grpo")
 def grpo(*, eps: float = 1e-6, eps_low: float = 0.2, eps_high: float = 0.2,
          dual_clip: float | None = 3.0, kl_coef: float = 0.001,
          kl_estimator: str = "k3", entropy_coef: float = 0.001,
@@ -131,12 +151,13 @@ def grpo(*, eps: float = 1e-6, eps_low: float = 0.2, eps_high: float = 0.2,
   References:
     Shao et al., DeepSeekMath (https://arxiv.org/abs/2402.03300).
   """
-  return objective(chain(_stages.compute_grpo(eps)), _loss_fn(
-      eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
-      kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
-      aggregation=aggregation))
+  return _objective(
+      chain(_stages.compute_grpo(eps)), eps_low=eps_low, eps_high=eps_high,
+      dual_clip=dual_clip, kl_coef=kl_coef, kl_estimator=kl_estimator,
+      entropy_coef=entropy_coef, aggregation=aggregation)
 
 
+@register("dr_grpo")
 def dr_grpo(*, eps_low: float = 0.2, eps_high: float = 0.2,
             dual_clip: float | None = 3.0, kl_coef: float = 0.0,
             kl_estimator: str = "k3", entropy_coef: float = 0.0,
@@ -150,7 +171,8 @@ def dr_grpo(*, eps_low: float = 0.2, eps_high: float = 0.2,
     kl_coef: KL loss coefficient (paper: 0).
     kl_estimator: KL estimator.
     entropy_coef: entropy bonus (0).
-    aggregation: ``seq-mean-token-sum`` (REFERENCE.md).
+    aggregation: ``seq-mean-token-sum`` (the paper's constant normaliser;
+      verl's ``loss_agg_mode``).
 
   Returns:
     an :class:`Objective`.
@@ -158,12 +180,13 @@ def dr_grpo(*, eps_low: float = 0.2, eps_high: float = 0.2,
   References:
     Liu et al. (https://arxiv.org/abs/2503.20783).
   """
-  return objective(chain(_stages.compute_dr_grpo()), _loss_fn(
-      eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
-      kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
-      aggregation=aggregation))
+  return _objective(
+      chain(_stages.compute_dr_grpo()), eps_low=eps_low, eps_high=eps_high,
+      dual_clip=dual_clip, kl_coef=kl_coef, kl_estimator=kl_estimator,
+      entropy_coef=entropy_coef, aggregation=aggregation)
 
 
+@register("dapo")
 def dapo(*, eps: float = 1e-6, eps_low: float = 0.2, eps_high: float = 0.28,
          dual_clip: float | None = 3.0, dynamic_sampling: bool = True,
          kl_coef: float = 0.0, kl_estimator: str = "k3",
@@ -196,12 +219,13 @@ def dapo(*, eps: float = 1e-6, eps_low: float = 0.2, eps_high: float = 0.28,
   stages = [_stages.compute_grpo(eps)]
   if dynamic_sampling:
     stages.insert(0, _stages.filter_rollouts("min_p", 0.0, include_zero=False))
-  return objective(chain(*stages), _loss_fn(
-      eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
+  return _objective(
+      chain(*stages), eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
       kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
-      aggregation=aggregation))
+      aggregation=aggregation)
 
 
+@register("rloo")
 def rloo(*, eps_low: float = 0.2, eps_high: float = 0.2,
          dual_clip: float | None = 3.0, kl_coef: float = 0.0,
          kl_estimator: str = "k3", entropy_coef: float = 0.0,
@@ -223,12 +247,13 @@ def rloo(*, eps_low: float = 0.2, eps_high: float = 0.2,
   References:
     Ahmadian et al. (https://arxiv.org/abs/2402.14740).
   """
-  return objective(chain(_stages.compute_rloo()), _loss_fn(
-      eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
-      kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
-      aggregation=aggregation))
+  return _objective(
+      chain(_stages.compute_rloo()), eps_low=eps_low, eps_high=eps_high,
+      dual_clip=dual_clip, kl_coef=kl_coef, kl_estimator=kl_estimator,
+      entropy_coef=entropy_coef, aggregation=aggregation)
 
 
+@register("reinforce_pp")
 def reinforce_pp(*, gamma: float = 1.0, baseline: bool = False,
                  kl_reward_coef: float = 0.001,
                  kl_reward_estimator: str = "k1", eps_low: float = 0.2,
@@ -264,11 +289,13 @@ def reinforce_pp(*, gamma: float = 1.0, baseline: bool = False,
                                             kl_reward_estimator))
   stages.append(_stages.compute_reinforce_pp_baseline() if baseline
                 else _stages.compute_reinforce_pp(gamma))
-  return objective(chain(*stages), _loss_fn(
-      eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip, kl_coef=0.0,
-      kl_estimator="k1", entropy_coef=entropy_coef, aggregation=aggregation))
+  return _objective(
+      chain(*stages), eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
+      kl_coef=0.0, kl_estimator="k1", entropy_coef=entropy_coef,
+      aggregation=aggregation, kl_in_reward=bool(kl_reward_coef))
 
 
+@register("gigpo")
 def gigpo(*, step_gamma: float = 0.95, step_weight: float = 1.0,
           normalize_std: bool = True, eps_low: float = 0.2,
           eps_high: float = 0.2, dual_clip: float | None = 3.0,
@@ -299,10 +326,10 @@ def gigpo(*, step_gamma: float = 0.95, step_weight: float = 1.0,
   """
   stages = chain(_stages.compute_gigpo(step_gamma, step_weight,
                                        normalize_std=normalize_std))
-  return objective(stages, _loss_fn(
-      eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
+  return _objective(
+      stages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
       kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
-      aggregation=aggregation))
+      aggregation=aggregation)
 
 
 def _advantage_stage(advantage, advantage_kwargs):
@@ -322,20 +349,21 @@ def _critic(advantage, critic):
   return isinstance(advantage, str) and advantage in CRITIC_ESTIMATORS
 
 
+@register("starpo")
 def starpo(*, advantage: str | Transform = "gae",
            advantage_kwargs: dict[str, Any] | None = None,
-           critic: bool | None = None, format_penalty: float | None = 0.1,
-           eps_low: float = 0.2, eps_high: float = 0.2,
+           critic: bool | None = None, eps_low: float = 0.2,
+           eps_high: float = 0.2,
            dual_clip: float | None = 3.0, kl_coef: float = 0.001,
            kl_estimator: str = "k3", entropy_coef: float = 0.001,
            value_coef: float = 1.0, value_clip: float | None = 0.5,
            aggregation: str = "token-mean") -> Objective:
   """StarPO: a token-level PPO/GRPO objective over whole multi-turn trajectories.
 
-  ``chain([penalize_format], <advantage>)`` and the loss ``ppo_clip_term +
-  kl_term + entropy_term [+ value_term]``. The format penalty (-0.1 per bad
-  turn) is applied only when the batch carries ``format_valid``; a rollout
-  that already put it into ``rewards`` leaves ``format_valid`` out.
+  ``chain(<advantage>)`` and the loss ``ppo_clip_term + kl_term +
+  entropy_term [+ value_term]``. RAGEN's format penalty (-0.1 per bad turn)
+  is already in the rollout's rewards (``RolloutConfig.format_penalty``, its
+  one home), so no stage adds it here.
 
   Args:
     advantage: an ADVANTAGE_ESTIMATORS name (``"gae"``: PPO-style StarPO,
@@ -344,7 +372,6 @@ def starpo(*, advantage: str | Transform = "gae",
     advantage_kwargs: hyperparameters of a named estimator (GAE defaults:
       gamma = lambda = 1).
     critic: add the value loss; default: True for GAE estimators.
-    format_penalty: per-turn penalty magnitude, or None to skip the stage.
     eps_low: lower clip range.
     eps_high: upper clip range.
     dual_clip: dual-clip constant (3) or None.
@@ -364,47 +391,47 @@ def starpo(*, advantage: str | Transform = "gae",
   References:
     Wang et al., RAGEN (https://arxiv.org/abs/2504.20073), section 3.
   """
-  stages = []
-  if format_penalty:
-    stages.append(_stages.penalize_format(format_penalty, skip_if_absent=True))
-  stages.append(_advantage_stage(advantage, advantage_kwargs))
-  return objective(chain(*stages), _loss_fn(
-      eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
-      kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
+  return _objective(
+      chain(_advantage_stage(advantage, advantage_kwargs)), eps_low=eps_low,
+      eps_high=eps_high, dual_clip=dual_clip, kl_coef=kl_coef,
+      kl_estimator=kl_estimator, entropy_coef=entropy_coef,
       aggregation=aggregation, value_coef=value_coef, value_clip=value_clip,
-      critic=_critic(advantage, critic)))
+      critic=_critic(advantage, critic))
 
 
+@register("starpo_s")
 def starpo_s(*, advantage: str | Transform = "gae",
              advantage_kwargs: dict[str, Any] | None = None,
-             critic: bool | None = None, filter_mode: str = "top_fraction",
-             filter_value: float = 0.25, include_zero: bool = True,
-             format_penalty: float | None = 0.1, eps_low: float = 0.2,
-             eps_high: float = 0.28, dual_clip: float | None = 3.0,
-             kl_coef: float = 0.0, kl_estimator: str = "k3",
+             critic: bool | None = None,
+             filter_config: _filters.FilterConfig = _filters.FilterConfig(),
+             eps_low: float = 0.2, eps_high: float = 0.28,
+             dual_clip: float | None = 3.0, kl_coef: float = 0.0,
+             kl_estimator: str = "k3",
              entropy_coef: float = 0.001, value_coef: float = 1.0,
              value_clip: float | None = 0.5,
              aggregation: str = "token-mean") -> Objective:
   """StarPO-S: StarPO + uncertainty filtering, no KL, clip-higher, critic.
 
-  ``chain([penalize_format], filter_rollouts(filter_mode, filter_value),
-  <advantage>)`` and the loss ``ppo_clip_term(0.2, 0.28, 3) + entropy_term
-  [+ value_term]``. The filter ranks groups by the std of RAW trajectory
-  scores and keeps the top 25% (RAGEN-2: ``filter_mode="top_p",
-  filter_value=0.9``); ``batch.metrics["filter/any_kept"] == 0`` means skip
-  the step.
+  ``chain(filter_rollouts(filter_config), <advantage>)`` and the loss
+  ``ppo_clip_term(0.2, 0.28, 3) + entropy_term [+ value_term]``. The filter
+  (``Objective.filter_config``, which :func:`jagent.train.rl_iteration`
+  reads to compact the kept groups) ranks groups by the std of RAW
+  trajectory scores and keeps the top 25% (RAGEN-2:
+  ``FilterConfig("top_p", 0.9)``); ``batch.metrics["filter/any_kept"] == 0``
+  means skip the step. The format penalty is the rollout's (see
+  :func:`starpo`).
 
   Example: plugging in a custom advantage (score minus a fixed baseline,
   broadcast over each trajectory's trained tokens; no critic)::
 
     >>> import jax, jax.numpy as jnp
-    >>> from jagent import transforms
+    >>> from jagent import losses, transforms
     >>> def fixed_baseline(batch):
     ...   scores = transforms.trajectory_scores(batch)
     ...   adv = (scores - 0.5)[:, None] * batch.loss_mask
     ...   return batch.replace(advantages=adv)
     >>> obj = transforms.starpo_s(advantage=transforms.stateless(fixed_baseline),
-    ...                           filter_value=0.5)
+    ...                           filter_config=losses.FilterConfig(value=0.5))
     >>> batch = transforms.Batch(
     ...     loss_mask=jnp.ones((4, 2)),
     ...     rewards=jnp.array([[0., 1.], [0., 0.], [0., 1.], [0., 1.]]),
@@ -424,10 +451,9 @@ def starpo_s(*, advantage: str | Transform = "gae",
     advantage: an ADVANTAGE_ESTIMATORS name or a :class:`Transform`.
     advantage_kwargs: hyperparameters of a named estimator.
     critic: add the value loss; default: True for GAE estimators.
-    filter_mode: ``top_fraction`` | ``top_k`` | ``top_p`` | ``min_p``.
-    filter_value: the filter's parameter (0.25).
-    include_zero: whether zero-std groups may be kept.
-    format_penalty: per-turn penalty magnitude, or None.
+    filter_config: the uncertainty filter, a
+      :class:`jagent.losses.FilterConfig` (StarPO-S: ``top_fraction`` 0.25,
+      zero-std groups may be kept).
     eps_low: lower clip range (0.2).
     eps_high: upper clip range (0.28).
     dual_clip: dual-clip constant (3) or None.
@@ -442,19 +468,23 @@ def starpo_s(*, advantage: str | Transform = "gae",
     an :class:`Objective`.
 
   Raises:
-    ValueError: for an unknown advantage name, filter mode or bad values.
+    ValueError: for an unknown advantage name, a filter_config that is not a
+      FilterConfig, or bad values.
 
   References:
     Wang et al., RAGEN (https://arxiv.org/abs/2504.20073), section 4.3.
   """
-  stages = []
-  if format_penalty:
-    stages.append(_stages.penalize_format(format_penalty, skip_if_absent=True))
-  stages.append(_stages.filter_rollouts(filter_mode, filter_value,
-                                        include_zero))
-  stages.append(_advantage_stage(advantage, advantage_kwargs))
-  return objective(chain(*stages), _loss_fn(
-      eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
+  if not isinstance(filter_config, _filters.FilterConfig):
+    raise ValueError(f"starpo_s: filter_config must be a "
+                     f"jagent.losses.FilterConfig; got {filter_config!r}.")
+  advantage_stage = _advantage_stage(advantage, advantage_kwargs)
+
+  def stages(f):
+    return chain(_stages.filter_rollouts(f.mode, f.value, f.include_zero),
+                 advantage_stage)
+
+  return _objective(
+      stages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
       kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
       aggregation=aggregation, value_coef=value_coef, value_clip=value_clip,
-      critic=_critic(advantage, critic)))
+      critic=_critic(advantage, critic), filter_config=filter_config)

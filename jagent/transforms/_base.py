@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from jagent._src.types import PyTree
+from jagent.losses import _filters
 from jagent.transforms._batch import Batch
 from jagent.transforms._batch import LossOutput
 from jagent.transforms._batch import ModelOutputs
@@ -96,6 +97,21 @@ def chain(*transforms: Transform) -> Transform:
   return Transform(init, update)
 
 
+class ObjectiveNeeds(NamedTuple):
+  """What an objective reads besides the policy's log-probs (it declares it).
+
+  Attributes:
+    critic: a value function: ``Batch.values`` (GAE) and
+      ``ModelOutputs.values`` (a value loss).
+    reference: a frozen reference policy: ``Batch.ref_logprobs`` (a KL loss
+      or KL-in-reward).
+    entropy: ``ModelOutputs.entropy`` (an entropy bonus).
+  """
+  critic: bool = False
+  reference: bool = False
+  entropy: bool = False
+
+
 class Objective(NamedTuple):
   """An RL algorithm: a batch transform plus a final loss.
 
@@ -115,27 +131,80 @@ class Objective(NamedTuple):
       returns, weights, the filter's keep mask and metrics.
     loss: ``loss(outputs, batch) -> LossOutput``; pure, differentiable in
       ``outputs``.
+    needs: the :class:`ObjectiveNeeds` it declares (what
+      :func:`jagent.train.init_train_state` must provide).
+    filter_config: its uncertainty filter (a
+      :class:`jagent.losses.FilterConfig`), or None; the rollout compaction
+      of :func:`jagent.train.rl_iteration` reads it.
+    refilter: ``refilter(filter_config) -> Objective``, the same objective
+      with its filter stage built from another config (None without a
+      filter); see :meth:`with_filter`.
   """
   init: InitFn
   update: UpdateFn
   loss: LossFn
+  needs: ObjectiveNeeds = ObjectiveNeeds()
+  filter_config: _filters.FilterConfig | None = None
+  refilter: Callable[[_filters.FilterConfig], Objective] | None = None
+
+  def with_filter(self, filter_config: _filters.FilterConfig) -> Objective:
+    """The same objective with its filter stage built from ``filter_config``.
+
+    Raises:
+      ValueError: if the objective declares no filter, or ``filter_config``
+        is not a :class:`jagent.losses.FilterConfig`.
+    """
+    if self.refilter is None:
+      raise ValueError("with_filter: this objective declares no filter "
+                       "(Objective.filter_config is None).")
+    if not isinstance(filter_config, _filters.FilterConfig):
+      raise ValueError(f"filter_config must be a jagent.losses.FilterConfig; "
+                       f"got {filter_config!r}.")
+    return self.refilter(filter_config)
 
 
-def objective(transform: Transform, loss: LossFn) -> Objective:
+def objective(transform: Transform | Callable[[_filters.FilterConfig],
+                                              Transform],
+              loss: LossFn, *, needs: ObjectiveNeeds = ObjectiveNeeds(),
+              filter_config: _filters.FilterConfig | None = None) -> Objective:
   """Bundles a batch transform and a final loss into an :class:`Objective`.
 
   Args:
-    transform: the batch :class:`Transform` (e.g. a :func:`chain`).
+    transform: the batch :class:`Transform` (e.g. a :func:`chain`); with
+      ``filter_config``, a function ``filter_config -> Transform`` building
+      the stages around the filter (so the filter can be replaced, see
+      :meth:`Objective.with_filter`).
     loss: a loss function, e.g. from :func:`make_loss`.
+    needs: what the transform and loss read (:class:`ObjectiveNeeds`).
+    filter_config: the objective's uncertainty filter, or None.
 
   Returns:
     an :class:`Objective`.
 
   Raises:
-    ValueError: if ``transform`` is not a Transform or ``loss`` not callable.
+    ValueError: if ``transform`` is not a Transform (or, with
+      ``filter_config``, a function returning one), ``loss`` not callable,
+      ``needs`` not an ObjectiveNeeds or ``filter_config`` not a FilterConfig.
   """
-  if not isinstance(transform, Transform):
-    raise ValueError(f"transform must be a Transform; got {transform!r}.")
   if not callable(loss):
     raise ValueError(f"loss must be callable; got {loss!r}.")
-  return Objective(transform.init, transform.update, loss)
+  if not isinstance(needs, ObjectiveNeeds):
+    raise ValueError(f"needs must be an ObjectiveNeeds; got {needs!r}.")
+  refilter = None
+  if filter_config is not None:
+    if not isinstance(filter_config, _filters.FilterConfig):
+      raise ValueError(f"filter_config must be a jagent.losses.FilterConfig; "
+                       f"got {filter_config!r}.")
+    if isinstance(transform, Transform) or not callable(transform):
+      raise ValueError(f"with a filter_config, transform must be a function "
+                       f"filter_config -> Transform; got {transform!r}.")
+    build = transform
+    transform = build(filter_config)
+
+    def refilter(f):
+      return objective(build, loss, needs=needs, filter_config=f)
+
+  if not isinstance(transform, Transform):
+    raise ValueError(f"transform must be a Transform; got {transform!r}.")
+  return Objective(transform.init, transform.update, loss, needs,
+                   filter_config, refilter)

@@ -1,4 +1,11 @@
-"""A name registry of objectives, so configs can select an algorithm by name."""
+"""A name registry of objectives, so configs can select an algorithm by name.
+
+An objective registers itself where it is defined, with :func:`register` as
+a decorator (the built-in aliases in ``_aliases.py``)::
+
+    @register("my_algo")
+    def my_algo(*, eps: float = 0.2) -> Objective: ...
+"""
 
 from __future__ import annotations
 
@@ -6,31 +13,41 @@ from collections.abc import Callable
 import inspect
 from typing import Any
 
-from jagent.transforms import _aliases
 from jagent.transforms._base import Objective
 
-_REGISTRY: dict[str, Callable[..., Objective]] = {}
+Factory = Callable[..., Objective]
+
+_REGISTRY: dict[str, Factory] = {}
 
 
-def register(name: str, factory: Callable[..., Objective]) -> None:
+def register(name: str, factory: Factory | None = None
+             ) -> Factory | Callable[[Factory], Factory]:
   """Registers ``factory(**kwargs) -> Objective`` under ``name``.
 
-  Names are never overwritten.
+  Names are never overwritten. Without ``factory`` it is a decorator that
+  registers the function it decorates and returns it unchanged.
 
   Args:
     name: a non-empty string.
-    factory: a callable returning an :class:`Objective`.
+    factory: a callable returning an :class:`Objective` (its
+      :class:`ObjectiveNeeds` declared on it), or None for the decorator.
+
+  Returns:
+    ``factory``, or the decorator.
 
   Raises:
     ValueError: for an empty or already registered name, or a non-callable.
   """
   if not isinstance(name, str) or not name:
     raise ValueError(f"objective name must be a non-empty str; got {name!r}.")
+  if factory is None:
+    return lambda f: register(name, f)
   if name in _REGISTRY:
     raise ValueError(f"objective {name!r} is already registered.")
   if not callable(factory):
     raise ValueError(f"factory for {name!r} must be callable.")
   _REGISTRY[name] = factory
+  return factory
 
 
 def make(name: str, **kwargs: Any) -> Objective:
@@ -41,7 +58,7 @@ def make(name: str, **kwargs: Any) -> Objective:
     **kwargs: passed to the alias (e.g. ``eps_high=0.3``).
 
   Returns:
-    an :class:`Objective`.
+    an :class:`Objective` (``.needs`` says what it reads).
 
   Raises:
     ValueError: for an unknown name (the message lists the known ones) or
@@ -61,12 +78,3 @@ def make(name: str, **kwargs: Any) -> Objective:
 def registered() -> tuple[str, ...]:
   """The registered objective names, sorted."""
   return tuple(sorted(_REGISTRY))
-
-
-for _name, _factory in (
-    ("ppo", _aliases.ppo), ("grpo", _aliases.grpo),
-    ("dr_grpo", _aliases.dr_grpo), ("dapo", _aliases.dapo),
-    ("rloo", _aliases.rloo), ("reinforce_pp", _aliases.reinforce_pp),
-    ("gigpo", _aliases.gigpo), ("starpo", _aliases.starpo),
-    ("starpo_s", _aliases.starpo_s)):
-  register(_name, _factory)

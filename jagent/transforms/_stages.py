@@ -351,34 +351,37 @@ def _add_token_rewards(batch, extra_bs):
   return batch.replace(rewards=rewards)
 
 
-def penalize_format(penalty: float = losses.FORMAT_PENALTY,
-                    skip_if_absent: bool = False) -> Transform:
-  """Adds ``-penalty`` to the reward of every turn with an invalid format.
+def penalize_format(penalty: float = losses.FORMAT_PENALTY) -> Transform:
+  """Adds ``penalty`` (<= 0) to the reward of every turn with an invalid format.
 
   Reads ``format_valid`` ``[B, T]``, ``turn_ids``, ``loss_mask`` and
   ``rewards``; the penalty lands on the turn's last trained token (turns
   without trained tokens get none). ``scores``, if given, change by the same
   amount. Metric ``format/invalid_turn_frac``.
 
+  For batches whose rewards do not hold the penalty yet (data from another
+  sampler). A jagent rollout is the penalty's one home: it adds
+  ``RolloutConfig.format_penalty`` to the rewards (as RAGEN's es_manager
+  does), and :func:`jagent.train.trajectory_batch` leaves ``format_valid``
+  out, so this stage cannot add it to such a batch a second time (it raises
+  instead). No built-in objective includes it.
+
   Args:
-    penalty: magnitude >= 0 (RAGEN: 0.1).
-    skip_if_absent: be a no-op when ``format_valid`` is None (for rollouts
-      that already put the penalty into ``rewards``).
+    penalty: the reward added to a bad turn, <= 0 (RAGEN: -0.1; the sign of
+      ``RolloutConfig.format_penalty``).
 
   Returns:
     a stateless :class:`Transform`.
 
   Raises:
-    ValueError: for penalty < 0 or missing fields.
+    ValueError: for penalty > 0 or missing fields.
 
   References:
     RAGEN (https://arxiv.org/abs/2504.20073), format penalty -0.1 per turn.
   """
-  _checks.check_in_range("penalty", penalty, 0.0, float("inf"))
+  _checks.check_in_range("penalty", penalty, -float("inf"), 0.0)
 
   def fn(batch):
-    if batch.format_valid is None and skip_if_absent:
-      return batch
     require(batch, ("rewards", "loss_mask", "turn_ids", "format_valid"),
             "penalize_format")
     t = jnp.shape(batch.format_valid)[1]

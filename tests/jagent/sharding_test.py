@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import envs_jax
+from jagent import losses
 from jagent import models
 from jagent import rollout
 from jagent import sharding
@@ -478,8 +479,7 @@ class ShardedRLIterationTest(absltest.TestCase):
     cls.config = train.TrainConfig(model=ROLLOUT_CFG, actor_optimizer=opt, critic_optimizer=opt,
                                    old_logprobs="sampler")
     cls.objective = transforms.make("ppo")
-    cls.kwargs = dict(num_keep=2, filter_mode="top_fraction", filter_value=0.5,
-                      include_zero=True)
+    cls.kwargs = dict(num_keep=2, filter_config=losses.FilterConfig("top_fraction", 0.5, True))
     params = models.init(ROLLOUT_CFG, jax.random.key(0))
     cls.state = train.init_train_state(params, jax.random.key(1), config=cls.config,
                                        critic="head", objective=cls.objective)
@@ -524,7 +524,11 @@ class ShardedRLIterationTest(absltest.TestCase):
                                   sh.params, **self.kwargs)
     with self.assertRaisesRegex(ValueError, r"value must lie in \(0.0, 1.0\]; got 2.0"):
       sharding.shard_rl_iteration(self.fns["rollout"], self.objective, self.config, mesh, sh,
-                                  num_keep=2, filter_mode="top_fraction", filter_value=2.0)
+                                  num_keep=2,
+                                  filter_config=losses.FilterConfig("top_fraction", 2.0))
+    with self.assertRaisesRegex(ValueError, "filter_config must be a jagent.losses.FilterConfig"):
+      sharding.shard_rl_iteration(self.fns["rollout"], self.objective, self.config, mesh, sh,
+                                  num_keep=2, filter_config=("top_fraction", 0.5))
 
 
 class ShardedSFTStepTest(absltest.TestCase):

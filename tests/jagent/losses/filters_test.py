@@ -1,5 +1,6 @@
 """Tests for jagent.losses rollout filters (StarPO-S / RAGEN-2)."""
 
+import dataclasses
 import functools
 
 from absl.testing import absltest
@@ -118,6 +119,33 @@ class FilterTest(chex.TestCase, parameterized.TestCase):
       losses.filter_groups(_SCORES, "top_k", 0)
     with self.assertRaisesRegex(ValueError, "rank 2"):
       losses.filter_groups(_SCORES[0])
+
+
+
+class FilterConfigTest(parameterized.TestCase):
+
+  @parameterized.parameters(
+      ({"mode": "top_half"}, r"FilterConfig\.mode='top_half': must be one of"),
+      ({"value": 0.0}, r"FilterConfig\.value=0\.0: invalid for mode 'top_fraction'"),
+      ({"mode": "top_k", "value": 0.5}, r"FilterConfig\.value=0\.5: .*'top_k'"),
+      ({"mode": "min_p", "value": 1.5}, r"FilterConfig\.value=1\.5"),
+      ({"value": "0.5"}, r"FilterConfig\.value='0\.5'"),
+      ({"include_zero": 1}, r"FilterConfig\.include_zero=1: must be a bool"),
+  )
+  def test_errors_name_the_field(self, kwargs, message):
+    with self.assertRaisesRegex(ValueError, message):
+      losses.FilterConfig(**kwargs)
+
+  def test_defaults_hashable_and_fixed_count(self):
+    f = losses.FilterConfig()
+    self.assertEqual((f.mode, f.value, f.include_zero), ("top_fraction", 0.25, True))
+    self.assertEqual(hash(f), hash(losses.FilterConfig("top_fraction", 0.25, True)))
+    self.assertTrue(f.fixed_count)
+    self.assertTrue(losses.FilterConfig("top_k", 2).fixed_count)
+    self.assertFalse(losses.FilterConfig("top_p", 0.9).fixed_count)
+    self.assertFalse(losses.FilterConfig("min_p", 0.0).fixed_count)
+    with self.assertRaises(dataclasses.FrozenInstanceError):
+      f.value = 0.5  # pytype: disable=not-writable
 
 
 if __name__ == "__main__":

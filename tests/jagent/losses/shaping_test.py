@@ -21,7 +21,7 @@ class TurnHelpersTest(chex.TestCase):
     out = jax.jit(losses.format_penalty)(np.array([True, False, True, False]))
     np.testing.assert_allclose(out, [0, -0.1, 0, -0.1], rtol=1e-6)
     with self.assertRaisesRegex(ValueError, "penalty"):
-      losses.format_penalty(np.array([True]), -1.0)
+      losses.format_penalty(np.array([True]), 1.0)
 
   def test_turn_rewards_round_trip(self):
     to_tokens = jax.jit(losses.turn_to_token_rewards)

@@ -283,7 +283,7 @@ class SftAndErrorsTest(absltest.TestCase):
         learning_rate=1e-3))
     state = train.init_train_state(models.init(MICRO, jax.random.key(1)), jax.random.key(2),
                                    config=tc)
-    state, m = train.sft_step(state, traj.to_batch(), config=tc)
+    state, m = train.sft_step(state, train.trajectory_batch(traj), config=tc)
     self.assertTrue(np.isfinite(float(m["sft/nll"])))
     self.assertGreater(float(m["sft/nll"]), 1.0)  # an untrained model
     self.assertEqual(float(m["sft/tokens"]), float(np.sum(traj.loss_mask)))

@@ -14,6 +14,9 @@ on-device rollout keeps the KV cache across turns and renders prompts on
 device. They must agree token for token.
 """
 
+import ast
+import pathlib
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -25,6 +28,7 @@ import envs_jax
 from jagent import models
 from jagent import rollout
 from jagent import tokenizers
+from jagent import train
 from jagent.rollout import _trajectory
 
 TOK = tokenizers.load_tiny_tokenizer()
@@ -81,6 +85,52 @@ def run_both(env_id, params, prompt, config, key=0):
       config=config, context_size=s, reencode=True,
       anchor_symbols=lambda b: env.render_symbols(hosts[b].state))
   return text_env, device, ref
+
+
+_ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+
+def _module_file(name):
+  """The file of module ``name`` under the repository root, or None."""
+  base = _ROOT.joinpath(*name.split("."))
+  for f in (base.with_suffix(".py"), base / "__init__.py"):
+    if f.is_file():
+      return f
+  return None
+
+
+def _jagent_imports(path):
+  """Names of the jagent modules that the file ``path`` imports."""
+  out = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      out.update(a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      out.add(node.module)
+      out.update(f"{node.module}.{a.name}" for a in node.names)
+  return {m for m in out if m.startswith("jagent.") and _module_file(m)}
+
+
+class LayeringTest(absltest.TestCase):
+
+  def test_rollout_does_not_import_transforms(self):
+    # The sampler is a sibling of the objectives: jagent.train builds their
+    # Batch (train.trajectory_batch). Follows imports transitively through
+    # jagent's subpackages (not jagent/__init__.py, which loads everything).
+    todo = [f"jagent.rollout.{p.stem}" if p.stem != "__init__" else "jagent.rollout"
+            for p in (_ROOT / "jagent" / "rollout").glob("*.py")]
+    seen = set()
+    while todo:
+      name = todo.pop()
+      if name in seen:
+        continue
+      seen.add(name)
+      parts = name.split(".")
+      # Importing a.b.c runs the __init__ of a.b (jagent's own excepted).
+      todo.extend(".".join(parts[:i]) for i in range(2, len(parts)))
+      todo.extend(_jagent_imports(_module_file(name)))
+    self.assertIn("jagent.models", seen)  # the walk does follow imports
+    self.assertEqual(sorted(m for m in seen if m.startswith("jagent.transforms")), [])
 
 
 @pytest.mark.heavy
@@ -210,8 +260,8 @@ class RolloutPropertiesTest(parameterized.TestCase):
     b = self.fn(self.params, jax.random.key(2), keys)
     np.testing.assert_array_equal(a.anchor_hashes[:, 0], b.anchor_hashes[:, 0])
 
-  def test_to_batch_and_metrics(self):
-    batch = self.traj.to_batch()
+  def test_trajectory_batch_and_metrics(self):
+    batch = train.trajectory_batch(self.traj)
     self.assertEqual(batch.group_size, 4)
     np.testing.assert_array_equal(batch.sampler_logprobs, self.traj.logprobs)
     np.testing.assert_array_equal(batch.scores, self.traj.scores)
@@ -238,6 +288,8 @@ class RolloutPropertiesTest(parameterized.TestCase):
       rollout.RolloutConfig(group_size=0)
     with self.assertRaisesRegex(ValueError, "temperature"):
       rollout.RolloutConfig(temperature=0.0)
+    with self.assertRaisesRegex(ValueError, "RolloutConfig.format_penalty=0.1: .* <= 0"):
+      rollout.RolloutConfig(format_penalty=0.1)
     with self.assertRaisesRegex(ValueError, "vocab_size"):
       rollout.make_rollout(self.text_env, MICRO.replace(vocab_size=100) if hasattr(
           MICRO, "replace") else models.ModelConfig(vocab_size=100), self.config)

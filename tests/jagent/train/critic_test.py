@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jagent import losses
 from jagent import models
 from jagent import train
 from jagent import transforms
@@ -71,16 +72,17 @@ class CriticTest(chex.TestCase):
       train.init_critic(CFG, jax.random.key(0), kind="shared")
 
   def test_objective_needs(self):
-    self.assertEqual(train.objective_needs("ppo"), (True, False))
-    self.assertEqual(train.objective_needs("starpo_s"), (True, False))
+    # (critic, reference, entropy)
+    self.assertEqual(train.objective_needs("ppo"), (True, False, True))
+    self.assertEqual(train.objective_needs("starpo_s"), (True, False, True))
     self.assertEqual(train.objective_needs("starpo_s", advantage="grpo"),
-                     (False, False))
-    self.assertEqual(train.objective_needs("starpo"), (True, True))
+                     (False, False, True))
+    self.assertEqual(train.objective_needs("starpo"), (True, True, True))
     self.assertEqual(train.objective_needs("starpo", kl_coef=0.0,
-                                           critic=False), (False, False))
-    self.assertEqual(train.objective_needs("reinforce_pp"), (False, True))
-    self.assertEqual(train.objective_needs("dapo"), (False, False))
-    with self.assertRaisesRegex(ValueError, "built-in"):
+                                           critic=False), (False, False, True))
+    self.assertEqual(train.objective_needs("reinforce_pp"), (False, True, False))
+    self.assertEqual(train.objective_needs("dapo"), (False, False, False))
+    with self.assertRaisesRegex(ValueError, "unknown objective 'my_algo'"):
       train.objective_needs("my_algo")
     with self.assertRaisesRegex(ValueError, "ppo"):
       train.objective_needs("ppo", eps_hi=0.3)
@@ -98,18 +100,19 @@ class CriticTest(chex.TestCase):
     # return is its row's score: value loss 0.5 * mean(score^2).
     first_loss = 0.5 * np.mean(scores ** 2)
     cases = (("ppo", transforms.ppo(), "model", 0.05),
-             ("starpo_s", transforms.starpo_s(filter_value=1.0), "head", 0.6))
+             ("starpo_s", transforms.starpo_s(
+                 filter_config=losses.FilterConfig(value=1.0)), "head", 0.6))
     for name, obj, kind, ratio in cases:
       self.assertTrue(train.objective_needs(name).critic)
       state = train.init_train_state(PARAMS, jax.random.key(0), config=tc,
                                      critic=kind, objective=obj)
-      losses = []
+      value_losses = []
       for _ in range(30):
         state, m = train.train_step(state, batch, objective=obj, config=tc)
-        losses.append(float(m["loss/value"]))
-      np.testing.assert_allclose(losses[0], first_loss, rtol=1e-5)
+        value_losses.append(float(m["loss/value"]))
+      np.testing.assert_allclose(value_losses[0], first_loss, rtol=1e-5)
       # Measured after 30 steps: model ~0.003 / 0.206, head ~0.09 / 0.206.
-      self.assertLess(losses[-1], ratio * losses[0], (name, kind, losses))
+      self.assertLess(value_losses[-1], ratio * value_losses[0], (name, kind, value_losses))
       self.assertGreater(float(m["train/critic_grad_norm"]), 0.0)
       self.assertAlmostEqual(float(m["train/critic_lr"]), 1e-2, delta=1e-9)
 

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jagent import losses
 from jagent import models
 from jagent import train
 from jagent import transforms
@@ -36,7 +37,7 @@ class CompactTest(absltest.TestCase):
   def test_keeps_highest_std_groups_first(self):
     # 4 groups of 2: stds (unbiased) 0, 1/sqrt(2)*2, 0, 1/sqrt(2)*1.
     traj = fake_trajectory([1, 1, 0, 2, 5, 5, 0, 1], 2)
-    out, m = _rl.compact_groups(traj, 2, mode="top_fraction", value=0.5)
+    out, m = _rl.compact_groups(traj, 2, losses.FilterConfig("top_fraction", 0.5))
     # Group 1 (std of [0, 2]) then group 3 (std of [0, 1]).
     np.testing.assert_array_equal(out.tokens[:, 0], [200, 300, 600, 700])
     np.testing.assert_array_equal(out.scores, [0, 2, 0, 1])
@@ -51,7 +52,7 @@ class CompactTest(absltest.TestCase):
   def test_unkept_groups_fill_slots_with_zero_mask(self):
     # Only one group has variance; without zero-std groups the second slot trains nothing.
     traj = fake_trajectory([1, 1, 0, 2, 5, 5], 2)
-    out, m = _rl.compact_groups(traj, 2, mode="top_fraction", value=0.7, include_zero=False)
+    out, m = _rl.compact_groups(traj, 2, losses.FilterConfig("top_fraction", 0.7, False))
     np.testing.assert_array_equal(out.scores[:2], [0, 2])
     np.testing.assert_array_equal(np.asarray(out.loss_mask).any(axis=1), [True, True, False,
                                                                           False])
@@ -64,10 +65,43 @@ class CompactTest(absltest.TestCase):
     np.testing.assert_array_equal(out.scores, [0, 2])
     with self.assertRaisesRegex(ValueError, "num_keep"):
       _rl.compact_groups(traj, 3)
-    self.assertEqual(_rl.num_kept_groups(8, "top_fraction", 0.25), 2)
-    self.assertEqual(_rl.num_kept_groups(8, "top_k", 3), 3)
+    self.assertEqual(_rl.num_kept_groups(8, losses.FilterConfig("top_fraction", 0.25)), 2)
+    self.assertEqual(_rl.num_kept_groups(8, losses.FilterConfig("top_k", 3)), 3)
     with self.assertRaisesRegex(ValueError, "data-dependent"):
-      _rl.num_kept_groups(8, "top_p", 0.9)
+      _rl.num_kept_groups(8, losses.FilterConfig("top_p", 0.9))
+
+
+class IterationFilterTest(absltest.TestCase):
+  """The filter is applied once: compaction, then the objective's stage keeps all."""
+
+  def test_objective_filter_by_default_stage_rebuilt(self):
+    fc = losses.FilterConfig
+    obj = transforms.starpo_s()  # declares top_fraction 0.25
+    f, run = _rl.iteration_filter(obj)
+    self.assertEqual(f, obj.filter_config)
+    self.assertEqual(run.filter_config, fc("top_fraction", 1.0, True))
+    # An explicit filter replaces the objective's (experiments' rl.filter_*).
+    f, run = _rl.iteration_filter(obj, fc("top_k", 3, False))
+    self.assertEqual((f, run.filter_config), (fc("top_k", 3, False), fc("top_fraction", 1.0)))
+    # A data-dependent filter drops no rows, so the stage applies it again;
+    # zero-std groups are the compaction's to mask.
+    f, run = _rl.iteration_filter(obj, fc("top_p", 0.9, False))
+    self.assertEqual((f, run.filter_config), (fc("top_p", 0.9, False), fc("top_p", 0.9, True)))
+    self.assertEqual(run.needs, obj.needs)
+    # Idempotent: the objective it returns may be handed to an iteration again.
+    for given in (fc("top_k", 3, False), fc("top_p", 0.9, False)):
+      f, run = _rl.iteration_filter(obj, given)
+      self.assertEqual(_rl.iteration_filter(run, f)[1].filter_config, run.filter_config)
+
+  def test_objective_without_filter_keeps_all(self):
+    obj = transforms.grpo()
+    f, run = _rl.iteration_filter(obj)
+    self.assertEqual(f, losses.FilterConfig("top_fraction", 1.0, True))
+    self.assertIs(run, obj)
+    f, run = _rl.iteration_filter(obj, losses.FilterConfig("top_fraction", 0.5))
+    self.assertEqual(f.value, 0.5)
+    self.assertIs(run, obj)
+
 
 
 # ------------------------------------------------------------ rl_iteration
@@ -97,8 +131,8 @@ def fake_rollout(params, key):
 
 def _iteration(config):
   return functools.partial(_rl.rl_iteration, rollout_fn=fake_rollout, objective=OBJ,
-                           config=config, num_keep=2, filter_mode="top_fraction",
-                           filter_value=0.5, include_zero=True)
+                           config=config, num_keep=2,
+                           filter_config=losses.FilterConfig("top_fraction", 0.5, True))
 
 
 class RlIterationTest(absltest.TestCase):
@@ -115,8 +149,8 @@ class RlIterationTest(absltest.TestCase):
   def test_equals_rollout_compact_train_step(self):
     state, m = self.one(self.states[0], self.keys[0])
     traj = fake_rollout(self.states[0].params, self.keys[0])
-    kept, fm = _rl.compact_groups(traj, 2, mode="top_fraction", value=0.5)
-    want, tm = train.train_step(self.states[0], kept.to_batch(), objective=OBJ,
+    kept, fm = _rl.compact_groups(traj, 2, losses.FilterConfig("top_fraction", 0.5))
+    want, tm = train.train_step(self.states[0], train.trajectory_batch(kept), objective=OBJ,
                                 config=_train_config())
     for g, w in zip(jax.tree.leaves(state.params), jax.tree.leaves(want.params)):
       np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
@@ -163,7 +197,12 @@ class RlIterationTest(absltest.TestCase):
 
   def test_errors(self):
     with self.assertRaisesRegex(ValueError, "mode"):
-      jax.eval_shape(functools.partial(_iteration(_train_config()), filter_mode="top_half"),
+      jax.eval_shape(functools.partial(_iteration(_train_config()),
+                                       filter_config=losses.FilterConfig("top_half")),
+                     self.states[0], self.keys[0])
+    with self.assertRaisesRegex(ValueError, "filter_config must be a jagent.losses.FilterConfig"):
+      jax.eval_shape(functools.partial(_iteration(_train_config()),
+                                       filter_config=("top_fraction", 0.5)),
                      self.states[0], self.keys[0])
     with self.assertRaisesRegex(ValueError, "num_keep"):
       jax.eval_shape(functools.partial(_iteration(_train_config()), num_keep=N + 1),

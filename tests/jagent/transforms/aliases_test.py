@@ -8,6 +8,7 @@ import chex
 import jax
 import numpy as np
 
+from jagent import losses
 from jagent import transforms
 from jagent.transforms import _aliases
 
@@ -207,7 +208,9 @@ class AliasTest(parameterized.TestCase):
   @parameterized.named_parameters(*[(c[0],) + c for c in _CASES])
   def test_alias_matches_hand_written_loss(self, name, kwargs, hand, batch_kw):
     obj = transforms.make(name, **kwargs)
-    batch = _batch(with_format=name.startswith("starpo"))
+    # StarPO's format penalty is the rollout's: it is in the rewards already.
+    batch = _batch(rewards=_penalised() if name.startswith("starpo") else _REWARDS,
+                   with_format=False)
     if batch_kw.get("rewards") == "dapo":
       rewards = _REWARDS.copy()
       rewards[1] = rewards[0]
@@ -259,8 +262,10 @@ class AliasTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "advantage_kwargs"):
       transforms.starpo_s(advantage=transforms.identity(),
                           advantage_kwargs={"gamma": 0.9})
-    with self.assertRaisesRegex(ValueError, "mode"):
-      transforms.starpo_s(filter_mode="top")
+    with self.assertRaisesRegex(ValueError, "FilterConfig.mode"):
+      transforms.starpo_s(filter_config=losses.FilterConfig(mode="top"))
+    with self.assertRaisesRegex(ValueError, "filter_config must be"):
+      transforms.starpo_s(filter_config="top_fraction")
     self.assertIsInstance(transforms.make_advantage("gae", gamma=0.9),
                           transforms.Transform)
 

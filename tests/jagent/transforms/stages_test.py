@@ -173,19 +173,18 @@ class FilterAndShapingStagesTest(absltest.TestCase):
 
   def test_penalize_format(self):
     b = _batch()
-    out, _ = _run(transforms.penalize_format(0.1), b)
+    out, _ = _run(transforms.penalize_format(-0.1), b)
     expect = np.array(b.rewards)
     expect[0, 5] -= 0.1  # row 0 turn 1 invalid
     expect[2, 2] -= 0.1  # row 2 turn 0 invalid
     np.testing.assert_allclose(out.rewards, expect, atol=1e-6)
     self.assertAlmostEqual(float(out.metrics["format/invalid_turn_frac"]),
                            2 / 7, places=6)
-    out, _ = _run(transforms.penalize_format(0.1),
+    out, _ = _run(transforms.penalize_format(-0.1),
                   b.replace(scores=jnp.array([1.0, 1.0, 1.0, 1.0])))
     np.testing.assert_allclose(out.scores, [0.9, 1.0, 0.9, 1.0], atol=1e-6)
-    same, _ = transforms.penalize_format(skip_if_absent=True).update(
-        b.replace(format_valid=None), ())
-    self.assertIs(same.rewards, b.rewards)
+    with self.assertRaisesRegex(ValueError, "penalty"):
+      transforms.penalize_format(0.1)  # one sign: the reward added, <= 0
     with self.assertRaisesRegex(ValueError, "format_valid"):
       transforms.penalize_format().update(b.replace(format_valid=None), ())
 
