@@ -32,6 +32,7 @@ from envs_jax._src.frozen_lake import FrozenLake
 from envs_jax._src.frozen_lake import FrozenLakeParams
 from envs_jax._src.frozen_lake import FrozenLakeState
 from envs_jax._src.frozen_lake_solver import solve_frozen_lake
+from envs_jax._src.registration import agent_defaults
 from envs_jax._src.registration import make
 from envs_jax._src.registration import register
 from envs_jax._src.registration import registered
@@ -77,6 +78,7 @@ __all__ = (
     "generate_countdown_instance",
     "grid_render_symbols",
     "load_boxoban_levels",
+    "agent_defaults",
     "make",
     "make_countdown_params",
     "number_symbols",

@@ -300,6 +300,7 @@ _SURFACES["envs_jax"] = [
     "TimeLimitState",
     "Wrapper",
     "actions_sentence",
+    "agent_defaults",
     "countdown_reference_reward",
     "countdown_reward",
     "encode_countdown_answer",

@@ -1,4 +1,4 @@
-"""Name -> environment registry: ``make``, ``register``, ``registered``.
+"""Name -> environment registry: ``make``, ``register``, ``registered``, ``agent_defaults``.
 
 IDs follow ``Name-vN`` and are part of the public contract: a registered name
 is never overwritten or silently redefined.
@@ -34,6 +34,34 @@ def registered() -> tuple[str, ...]:
   return tuple(sorted(_REGISTRY))
 
 
+def _check_id(env_id: str) -> None:
+  if env_id not in _REGISTRY:
+    raise ValueError(
+        f"unknown environment id {env_id!r}; registered: {', '.join(registered())}"
+    )
+
+
+def agent_defaults(env_id: str) -> environment.AgentDefaults | None:
+  """The registered environment's :class:`AgentDefaults`, its params not built.
+
+  Configs read it while command-line flags are parsed, before a multi-host
+  run calls ``jax.distributed.initialize``, which must come before any JAX
+  computation: the environment object is built (the shipped ones create no
+  device array), its default ``EnvParams`` are not.
+
+  Args:
+    env_id: a name from :func:`registered`.
+
+  Returns:
+    ``env.agent_defaults`` (None for an environment that sets none).
+
+  Raises:
+    ValueError: naming ``env_id`` and listing the registered ids when unknown.
+  """
+  _check_id(env_id)
+  return _REGISTRY[env_id]().agent_defaults
+
+
 def make(env_id: str, **kwargs: Any) -> tuple[environment.Environment, Any]:
   """Builds a registered environment.
 
@@ -47,9 +75,6 @@ def make(env_id: str, **kwargs: Any) -> tuple[environment.Environment, Any]:
   Raises:
     ValueError: naming ``env_id`` and listing the registered ids when unknown.
   """
-  if env_id not in _REGISTRY:
-    raise ValueError(
-        f"unknown environment id {env_id!r}; registered: {', '.join(registered())}"
-    )
+  _check_id(env_id)
   env = _REGISTRY[env_id](**kwargs)
   return env, env.default_params

@@ -694,7 +694,7 @@ class Sokoban(environment.Environment[SokobanState, SokobanParams]):
     if levels is None:
       self.generator_config = GeneratorConfig(
           height=height, width=width, num_boxes=num_boxes, **generator_kwargs)
-      self.levels = None
+      self._level_table = None
       self.height, self.width, self.num_boxes = height, width, num_boxes
     else:
       if generator_kwargs:
@@ -716,16 +716,27 @@ class Sokoban(environment.Environment[SokobanState, SokobanParams]):
             "Sokoban: every level of a table needs the same number (>= 1) of "
             f"boxes, got counts {sorted(set(counts.tolist()))}")
       self.generator_config = None
-      self.levels = SokobanState(
-          fixed=jnp.asarray(fixed, jnp.int8), boxes=jnp.asarray(boxes, jnp.bool_),
-          player=jnp.asarray(player, jnp.int32))
+      # Kept on the host until first used: building the env (as configs do
+      # while flags are parsed) must not start a JAX backend, or a later
+      # jax.distributed.initialize fails.
+      self._level_table = SokobanState(
+          fixed=fixed.astype(np.int8), boxes=boxes.astype(np.bool_),
+          player=player.astype(np.int32))
       _, self.height, self.width = fixed.shape
       self.num_boxes = int(counts[0])
+
+  @functools.cached_property
+  def levels(self) -> SokobanState | None:
+    """The level table as device arrays (leading axis N), or None (procedural)."""
+    if self._level_table is None:
+      return None
+    with jax.ensure_compile_time_eval():  # first use may be inside a trace: cache concrete arrays
+      return jax.tree.map(jnp.asarray, self._level_table)
 
   @property
   def num_levels(self) -> int | None:
     """Size of the level table, or None for procedural levels."""
-    return None if self.levels is None else int(self.levels.player.shape[0])
+    return None if self._level_table is None else int(self._level_table.player.shape[0])
 
   @property
   def default_params(self) -> SokobanParams:

@@ -22,8 +22,10 @@ import envs_jax
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The config of ``"<env id>,<algorithm>"`` (see the module docstring)."""
   env, algorithm = (arg or "Sokoban-6x6-1box-v0,starpo_s").split(",")
-  # Each game's own episode budgets and system message (Environment.agent_defaults).
-  game = envs_jax.make(env)[0].agent_defaults
+  # Each game's own episode budgets and system message (Environment.agent_defaults),
+  # read without building its params: nothing here may start a JAX backend
+  # before a multi-host run's jax.distributed.initialize.
+  game = envs_jax.agent_defaults(env)
   if game is None:
     raise ValueError(f"environment {env!r} has no agent_defaults; set them on its "
                      "class (envs_jax.AgentDefaults)")
