@@ -20,7 +20,9 @@ TOKEN_FIELDS = ("tokens", "loss_mask", "sampler_logprobs", "old_logprobs",
                 "ref_logprobs", "values", "rewards", "turn_ids", "advantages",
                 "returns", "is_weights")
 TURN_FIELDS = ("anchor_hashes", "format_valid")
-ROW_FIELDS = ("scores", "terminated", "bootstrap_values", "keep")
+ROW_FIELDS = ("scores", "terminated", "bootstrap_values", "keep", "row_valid")
+NONFINITE_KEY = "rollout/nonfinite_episodes"
+"""Batch metric: episodes dropped for a non-finite reward or score."""
 
 
 @struct.dataclass
@@ -61,6 +63,9 @@ class Batch:
     returns: float32 ``[B, S]`` value targets (added by GAE stages).
     is_weights: float32 ``[B, S]`` truncated importance weights (TIS stage).
     keep: bool ``[B]`` rows kept by a rollout filter.
+    row_valid: bool ``[B]`` rows that may train; False rows train nothing and
+      leave their group's statistics (e.g. an episode with a non-finite
+      reward, see :func:`drop_nonfinite_episodes`). None: every row.
     metrics: dict of float32 ``[]`` diagnostics added by stages (filter kept
       ratio, reward std before/after, KL coefficient, ...).
     group_size: static int ``G`` (rollouts per initial state), dividing ``B``.
@@ -82,6 +87,7 @@ class Batch:
   returns: Array | None = None
   is_weights: Array | None = None
   keep: Array | None = None
+  row_valid: Array | None = None
   metrics: dict[str, Array] = struct.field(default_factory=dict)
   group_size: int = struct.field(pytree_node=False, default=1)
 
@@ -200,3 +206,60 @@ def trajectory_scores(batch: Batch) -> Array:
 def add_metrics(batch: Batch, **metrics: Array) -> Batch:
   """Returns ``batch`` with ``metrics`` merged into ``batch.metrics``."""
   return batch.replace(metrics={**batch.metrics, **metrics})
+
+
+def drop_nonfinite_episodes(batch: Batch) -> Batch:
+  """Invalidates the rows whose reward or score is not finite (NaN, inf).
+
+  A host environment may return a non-finite reward; left alone it makes its
+  group's mean/std (and so the whole update) NaN, and the step is skipped.
+  Instead such a row gets ``row_valid`` False, ``loss_mask`` all zero and its
+  ``rewards``/``scores`` set to 0, so it trains nothing, the advantage stages
+  leave it out of its group's statistics (they read ``row_valid``), and the
+  other rows train (TRL PR #5773's case). Every stage that reads rewards or
+  scores calls this first; it runs once per batch (the metric
+  :data:`NONFINITE_KEY`, the count of dropped rows, marks it done). With
+  finite input every field keeps its values (``row_valid`` becomes all True
+  if it was None).
+
+  Args:
+    batch: a :class:`Batch` with ``loss_mask`` and optionally ``rewards``
+      ``[B, S]``, ``scores`` ``[B]`` and ``row_valid`` ``[B]``.
+
+  Returns:
+    the :class:`Batch` with the metric ``rollout/nonfinite_episodes``.
+
+  Raises:
+    ValueError: a missing ``loss_mask`` or mis-shaped fields.
+  """
+  if NONFINITE_KEY in batch.metrics:  # static: already applied to this batch
+    return batch
+  present = tuple(f for f in ("rewards", "scores", "row_valid")
+                  if getattr(batch, f) is not None)
+  require(batch, ("loss_mask",) + present, "drop_nonfinite_episodes")
+  rows = jnp.shape(batch.loss_mask)[0]
+  ok = jnp.ones((rows,), jnp.bool_)
+  if batch.rewards is not None:
+    ok &= jnp.all(jnp.isfinite(batch.rewards), axis=1)
+  if batch.scores is not None:
+    ok &= jnp.isfinite(batch.scores)
+  valid = ok if batch.row_valid is None else ok & jnp.asarray(
+      batch.row_valid, jnp.bool_)
+  zeros = jnp.zeros_like
+  out = batch.replace(
+      loss_mask=jnp.where(ok[:, None], batch.loss_mask, zeros(batch.loss_mask)),
+      row_valid=valid)
+  if batch.rewards is not None:
+    out = out.replace(rewards=jnp.where(ok[:, None], batch.rewards,
+                                        zeros(batch.rewards)))
+  if batch.scores is not None:
+    out = out.replace(scores=jnp.where(ok, batch.scores, zeros(batch.scores)))
+  return add_metrics(out, **{NONFINITE_KEY: jnp.sum(
+      (~ok).astype(jnp.float32))})
+
+
+def valid_rows(batch: Batch) -> Array:
+  """``row_valid`` as bool ``[B]`` (all True when None)."""
+  if batch.row_valid is None:
+    return jnp.ones((jnp.shape(batch.loss_mask)[0],), jnp.bool_)
+  return jnp.asarray(batch.row_valid, jnp.bool_)

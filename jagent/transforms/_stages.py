@@ -22,9 +22,11 @@ from jagent.transforms._base import stateless
 from jagent.transforms._base import Transform
 from jagent.transforms._batch import add_metrics
 from jagent.transforms._batch import Batch
+from jagent.transforms._batch import drop_nonfinite_episodes
 from jagent.transforms._batch import mask_of
 from jagent.transforms._batch import require
 from jagent.transforms._batch import trajectory_scores
+from jagent.transforms._batch import valid_rows
 
 
 def _f32(x):
@@ -86,6 +88,7 @@ def compute_gae(gamma: float = 1.0, lambda_: float = 1.0,
 
   def fn(batch):
     require(batch, ("rewards", "values", "loss_mask"), "compute_gae")
+    batch = drop_nonfinite_episodes(batch)
     terminated, boot = _episode_ends(batch)
     out = per_row(batch.rewards, batch.values, mask_of(batch), terminated,
                   boot)
@@ -124,6 +127,7 @@ def compute_bilevel_gae(gamma: float = 1.0, lambda_: float = 1.0,
 
   def fn(batch):
     require(batch, ("rewards", "values", "loss_mask"), "compute_bilevel_gae")
+    batch = drop_nonfinite_episodes(batch)
     terminated, boot = _episode_ends(batch)
     kw = dict(gamma=gamma, lambda_=lambda_, turn_gamma=turn_gamma)
     m = mask_of(batch)
@@ -145,9 +149,12 @@ def compute_bilevel_gae(gamma: float = 1.0, lambda_: float = 1.0,
 def _group_stage(name: str, per_group) -> Transform:
   def fn(batch):
     require(batch, ("loss_mask",), name)
+    batch = drop_nonfinite_episodes(batch)
     scores = trajectory_scores(batch)
     groups = losses.as_groups("scores", scores, batch.group_size)
-    adv_b = jax.vmap(per_group)(groups).reshape(-1)
+    valid = losses.as_groups("row_valid", valid_rows(batch), batch.group_size)
+    adv_b = jax.vmap(lambda s, v: per_group(s, valid_g=v))(
+        groups, valid).reshape(-1)
     adv = adv_b[:, None] * mask_of(batch)
     return _adv_metrics(batch.replace(advantages=adv), adv)
 
@@ -201,6 +208,7 @@ def compute_reinforce_pp(gamma: float = 1.0) -> Transform:
 
   def fn(batch):
     require(batch, ("rewards", "loss_mask"), "compute_reinforce_pp")
+    batch = drop_nonfinite_episodes(batch)
     adv = losses.reinforce_pp_advantages(batch.rewards, mask_of(batch), gamma)
     return _adv_metrics(batch.replace(advantages=adv), adv)
 
@@ -212,8 +220,10 @@ def compute_reinforce_pp_baseline() -> Transform:
 
   def fn(batch):
     require(batch, ("loss_mask",), "compute_reinforce_pp_baseline")
+    batch = drop_nonfinite_episodes(batch)
     adv = losses.reinforce_pp_baseline_advantages(
-        trajectory_scores(batch), mask_of(batch), batch.group_size)
+        trajectory_scores(batch), mask_of(batch), batch.group_size,
+        valid_rows(batch))
     return _adv_metrics(batch.replace(advantages=adv), adv)
 
   return stateless(fn)
@@ -243,14 +253,15 @@ def compute_gigpo(step_gamma: float = 0.95, step_weight: float = 1.0,
   """
   _checks.check_in_range("step_gamma", step_gamma, 0.0, 1.0)
   _checks.check_in_range("eps", eps, 0.0, float("inf"), lo_open=True)
-  per_group = jax.vmap(functools.partial(
-      losses.gigpo_advantages, step_gamma=step_gamma, step_weight=step_weight,
-      eps=eps, normalize_std=normalize_std))
+  per_group = jax.vmap(lambda s, r, a, m, v: losses.gigpo_advantages(
+      s, r, a, m, step_gamma=step_gamma, step_weight=step_weight, eps=eps,
+      normalize_std=normalize_std, valid_g=v))
 
   def fn(batch):
     require(batch, ("rewards", "loss_mask", "turn_ids", "anchor_hashes"),
             "compute_gigpo")
     _checks.check_integer("Batch.anchor_hashes", batch.anchor_hashes)
+    batch = drop_nonfinite_episodes(batch)
     b, t = jnp.shape(batch.anchor_hashes)
     g = batch.group_size
     m = mask_of(batch)
@@ -261,7 +272,8 @@ def compute_gigpo(step_gamma: float = 0.95, step_weight: float = 1.0,
     scores = trajectory_scores(batch)
     out = per_group(scores.reshape(b // g, g), turn_r.reshape(b // g, g, t),
                     jnp.asarray(batch.anchor_hashes).reshape(b // g, g, t),
-                    tmask.reshape(b // g, g, t))
+                    tmask.reshape(b // g, g, t),
+                    valid_rows(batch).reshape(b // g, g))
     adv_turn = out.advantages.reshape(b, t)
     valid_id = (ids >= 0) & (ids < t)
     adv = jnp.take_along_axis(adv_turn, jnp.clip(ids, 0, t - 1), axis=1)
@@ -320,6 +332,7 @@ def filter_rollouts(mode: str = "top_fraction", value: float = 0.25,
 
   def fn(batch):
     require(batch, ("loss_mask",), "filter_rollouts")
+    batch = drop_nonfinite_episodes(batch)
     scores = trajectory_scores(batch)
     res = losses.filter_groups(
         losses.as_groups("scores", scores, batch.group_size), mode, value,
@@ -384,6 +397,7 @@ def penalize_format(penalty: float = losses.FORMAT_PENALTY) -> Transform:
   def fn(batch):
     require(batch, ("rewards", "loss_mask", "turn_ids", "format_valid"),
             "penalize_format")
+    batch = drop_nonfinite_episodes(batch)
     t = jnp.shape(batch.format_valid)[1]
     m = mask_of(batch)
     ids = jnp.asarray(batch.turn_ids, jnp.int32)
@@ -425,6 +439,7 @@ def normalize_rewards(eps: float = 1e-8) -> Transform:
 
   def update(batch, state):
     require(batch, ("rewards", "loss_mask"), "normalize_rewards")
+    batch = drop_nonfinite_episodes(batch)
     scores = trajectory_scores(batch)
     rows = jnp.sum(mask_of(batch), axis=1) > 0
     state = losses.running_norm_update(scores, state, rows)
@@ -488,6 +503,7 @@ def kl_reward_penalty(coef: float = 0.001, estimator: str = "k1",
   def update(batch, state):
     require(batch, ("rewards", "loss_mask", "old_logprobs", "ref_logprobs"),
             "kl_reward_penalty")
+    batch = drop_nonfinite_episodes(batch)
     m = mask_of(batch)
     kl = losses.kl_penalty(batch.old_logprobs, batch.ref_logprobs, estimator)
     kl = jax.lax.stop_gradient(kl) * m
