@@ -325,10 +325,53 @@ def _group_centred_std(s_g):
   return c, jnp.sqrt(jnp.sum(jnp.square(c)) / (g - 1))
 
 
+def group_members(scores_g: ArrayLike, valid_g: ArrayLike | None = None) -> Array:
+  """Which members of a group count: finite scores, and ``valid_g`` if given.
+
+  Args:
+    scores_g: float ``[G]`` scores of one group.
+    valid_g: optional bool ``[G]``, False for members to leave out (e.g. an
+      episode invalidated by a non-finite reward elsewhere).
+
+  Returns:
+    bool ``[G]``.
+
+  Raises:
+    ValueError: if ``valid_g`` is not ``[G]``.
+  """
+  s = _checks.f32(scores_g)
+  v = jnp.isfinite(s)
+  if valid_g is None:
+    return v
+  _checks.check_same_shape(("scores_g", "valid_g"), (scores_g, valid_g))
+  return v & jnp.asarray(valid_g, jnp.bool_)
+
+
+def _masked_centred_std(s_g, v_g):
+  """Like :func:`_group_centred_std` over the members ``v_g`` only.
+
+  Returns ``(c, std, n)``: centred scores (0 off the members and where the
+  members' scores are all equal), their unbiased std (0 for n <= 1) and the
+  member count n.
+  """
+  vf = v_g.astype(jnp.float32)
+  n = jnp.sum(vf)
+  s0 = jnp.where(v_g, s_g, 0.0)
+  c = jnp.where(v_g, s0 - jnp.sum(s0) / jnp.maximum(n, 1.0), 0.0)
+  c = jnp.where(v_g, c - jnp.sum(c) / jnp.maximum(n, 1.0), 0.0)  # see `centred`
+  hi = jnp.max(jnp.where(v_g, s0, -jnp.inf))
+  lo = jnp.min(jnp.where(v_g, s0, jnp.inf))
+  c = jnp.where(hi == lo, 0.0, c)
+  std = jnp.where(n > 1.0, jnp.sqrt(jnp.sum(jnp.square(c)) /
+                                    jnp.maximum(n - 1.0, 1.0)), 0.0)
+  return c, std, n
+
+
 def grpo_advantages(
     scores_g: ArrayLike,
     eps: float = 1e-6,
     normalize_std: bool = True,
+    valid_g: ArrayLike | None = None,
 ) -> Array:
   r"""GRPO group-normalised advantages of one group.
 
@@ -338,10 +381,17 @@ def grpo_advantages(
   tokens by the caller. Advantages of a group sum to zero; a group of one gets
   0.
 
+  Members whose score is not finite (NaN, inf: a broken environment reward)
+  or whose ``valid_g`` is False are left out: the mean and std are over the
+  other members, and they get advantage 0, so one bad episode does not turn
+  its whole group into NaN (TRL PR #5773's case). With every member valid the
+  result is exactly the unmasked formula.
+
   Args:
     scores_g: float ``[G]`` trajectory scores of one group.
     eps: added to the std, > 0 (default 1e-6 as verl).
     normalize_std: divide by the group std.
+    valid_g: optional bool ``[G]``; False leaves a member out (as above).
 
   Returns:
     float32 ``[G]``.
@@ -358,18 +408,26 @@ def grpo_advantages(
   s = _checks.f32(scores_g)
   if s.shape[0] == 1:
     return jnp.zeros_like(s)
+  v = group_members(s, valid_g)
   c, std = _group_centred_std(s)
-  return c / (std + eps) if normalize_std else c
+  plain = c / (std + eps) if normalize_std else c
+  mc, mstd, _ = _masked_centred_std(s, v)
+  masked = mc / (mstd + eps) if normalize_std else mc
+  # The unmasked formula whenever every member counts (bit for bit as before).
+  return jnp.where(jnp.all(v), plain, masked)
 
 
-def dr_grpo_advantages(scores_g: ArrayLike) -> Array:
+def dr_grpo_advantages(scores_g: ArrayLike,
+                       valid_g: ArrayLike | None = None) -> Array:
   r"""Dr.GRPO advantages of one group: :math:`A_i = s_i - \mathrm{mean}_g s`.
 
   No std normalisation (which biases towards easy/hard questions); pair with
-  the ``seq-mean-token-sum`` aggregation. A group of one gets 0.
+  the ``seq-mean-token-sum`` aggregation. A group of one gets 0; non-finite or
+  invalid members are left out as in :func:`grpo_advantages`.
 
   Args:
     scores_g: float ``[G]`` trajectory scores.
+    valid_g: optional bool ``[G]``; False leaves a member out.
 
   Returns:
     float32 ``[G]``, summing to zero.
@@ -381,17 +439,21 @@ def dr_grpo_advantages(scores_g: ArrayLike) -> Array:
     Liu et al., "Understanding R1-Zero-Like Training: A Critical Perspective"
     (https://arxiv.org/abs/2503.20783).
   """
-  return grpo_advantages(scores_g, normalize_std=False)
+  return grpo_advantages(scores_g, normalize_std=False, valid_g=valid_g)
 
 
-def rloo_advantages(scores_g: ArrayLike) -> Array:
+def rloo_advantages(scores_g: ArrayLike,
+                    valid_g: ArrayLike | None = None) -> Array:
   r"""REINFORCE leave-one-out advantages of one group.
 
   :math:`A_i = s_i - \frac{1}{G-1}\sum_{j \ne i} s_j
   = \frac{G}{G-1}(s_i - \mathrm{mean}_g s)`. A group of one gets 0.
+  Non-finite or invalid members are left out (``G`` becomes the count of the
+  others; they get 0), as in :func:`grpo_advantages`.
 
   Args:
     scores_g: float ``[G]`` trajectory scores.
+    valid_g: optional bool ``[G]``; False leaves a member out.
 
   Returns:
     float32 ``[G]``.
@@ -409,7 +471,10 @@ def rloo_advantages(scores_g: ArrayLike) -> Array:
   g = s.shape[0]
   if g == 1:
     return jnp.zeros_like(s)
-  return centred(s) * (g / (g - 1))
+  v = group_members(s, valid_g)
+  mc, _, n = _masked_centred_std(s, v)
+  masked = jnp.where(n > 1.0, mc * n / jnp.maximum(n - 1.0, 1.0), 0.0)
+  return jnp.where(jnp.all(v), centred(s) * (g / (g - 1)), masked)
 
 
 def masked_whiten(
@@ -498,6 +563,7 @@ def reinforce_pp_baseline_advantages(
     scores_b: ArrayLike,
     mask_bt: ArrayLike,
     group_size: int,
+    valid_b: ArrayLike | None = None,
 ) -> Array:
   r"""REINFORCE++-baseline advantages: group-centred scores, batch-whitened.
 
@@ -509,6 +575,8 @@ def reinforce_pp_baseline_advantages(
     scores_b: float ``[B]`` trajectory scores.
     mask_bt: float or bool ``[B, T]`` trained tokens.
     group_size: static ``G`` dividing ``B``.
+    valid_b: optional bool ``[B]``; False (or a non-finite score) leaves a
+      row out of its group's mean (see :func:`dr_grpo_advantages`).
 
   Returns:
     float32 ``[B, T]``.
@@ -523,7 +591,11 @@ def reinforce_pp_baseline_advantages(
   _checks.check_rank("scores_b", scores_b, 1, "B")
   _checks.check_rank("mask_bt", mask_bt, 2, "B, T")
   groups = as_groups("scores_b", scores_b, group_size)
-  centred = jax.vmap(dr_grpo_advantages)(groups).reshape(-1)
+  if valid_b is None:
+    centred = jax.vmap(dr_grpo_advantages)(groups).reshape(-1)
+  else:
+    centred = jax.vmap(dr_grpo_advantages)(
+        groups, as_groups("valid_b", valid_b, group_size)).reshape(-1)
   if centred.shape[0] != _checks.shape_of(mask_bt)[0]:
     raise ValueError(f"scores_b has {centred.shape[0]} rows but mask_bt has "
                      f"{_checks.shape_of(mask_bt)[0]}.")
@@ -580,6 +652,7 @@ def gigpo_advantages(
     step_weight: float = 1.0,
     eps: float = 1e-6,
     normalize_std: bool = True,
+    valid_g: ArrayLike | None = None,
 ) -> GigpoAdvantages:
   r"""Group-in-Group (GiGPO) advantages of one group of trajectories.
 
@@ -594,6 +667,10 @@ def gigpo_advantages(
     A singleton anchor group gets :math:`A^S = 0`.
   - :math:`A_{i,t} = A^E_i + w A^S_{i,t}`.
 
+  A trajectory whose score or a valid turn's reward is not finite, or whose
+  ``valid_g`` is False, is left out of both levels (its turns become invalid,
+  advantage 0), as in :func:`grpo_advantages`.
+
   Cost is :math:`O((G T)^2)` comparisons per group (a few thousand for
   ``G = 16, T = 5``); shapes are static.
 
@@ -607,6 +684,7 @@ def gigpo_advantages(
     step_weight: weight ``w`` of the step advantage (1.0 as the paper).
     eps: std floor, > 0.
     normalize_std: divide by the std at both levels.
+    valid_g: optional bool ``[G]``; False leaves a trajectory out.
 
   Returns:
     :class:`GigpoAdvantages`.
@@ -630,10 +708,15 @@ def gigpo_advantages(
                      f"scores_g {_checks.shape_of(scores_g)[0]}.")
   _checks.check_in_range("step_gamma", step_gamma, 0.0, 1.0)
   _checks.check_in_range("eps", eps, 0.0, float("inf"), lo_open=True)
-  episode = grpo_advantages(scores_g, eps, normalize_std)
   m = _checks.f32(turn_mask_gt)
+  r = _checks.f32(step_rewards_gt)
+  ok = group_members(scores_g, valid_g) & jnp.all(
+      jnp.isfinite(jnp.where(m > 0, r, 0.0)), axis=1)
+  episode = grpo_advantages(scores_g, eps, normalize_std, ok)
+  # Multiplying by 1.0 / selecting unread entries keeps finite input exact.
+  m = m * ok[:, None].astype(jnp.float32)
   returns = jax.vmap(discounted_returns, in_axes=(0, 0, None))(
-      step_rewards_gt, m, step_gamma)
+      jnp.where(m > 0, r, 0.0), m, step_gamma)
   shape = returns.shape
   ret, valid = returns.reshape(-1), m.reshape(-1) > 0
   h = jnp.asarray(anchors_gt).reshape(-1)

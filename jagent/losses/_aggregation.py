@@ -23,6 +23,14 @@ seq-mean-token-sum-norm     sum_{i,t} m l                        B * L
 ``L`` only; we also divide by the static row count ``B`` so the denominator
 adds up over micro-batches (a constant factor, the same as Dr.GRPO's
 ``1/G``).
+
+Row weights (``aggregate(..., row_weights=w)``, float ``[B]``): every mode is
+a sum over rows of a per-row ``(total_i, denominator_i)`` (the row's
+``sum_t m l`` or its token mean, and ``n_i``, ``[n_i > 0]`` or ``L``), and
+``w_i`` multiplies both, so the accumulation stays exact. With turn rows
+(one row per turn) ``w_i = 1 / (turns of i's episode)`` makes every episode
+weigh the same whatever its number of turns (with ``seq-mean-token-mean``:
+the mean over its turn rows, then over episodes).
 """
 
 from __future__ import annotations
@@ -165,11 +173,36 @@ def seq_mean_token_sum_norm(
   return Aggregate(jnp.sum(lm), jnp.asarray(float(b * length), jnp.float32))
 
 
+def _row_weighted(loss_bt, mask_bt, mode, horizon, row_weights):
+  """The per-row ``(total_i, denominator_i)`` of ``mode``, weighted by rows."""
+  lm, m = _prep(loss_bt, mask_bt)
+  _checks.check_rank("row_weights", row_weights, 1, "B")
+  w = _checks.f32(row_weights)
+  if w.shape[0] != m.shape[0]:
+    raise ValueError(f"row_weights has {w.shape[0]} rows, mask_bt "
+                     f"{m.shape[0]}.")
+  n = jnp.sum(m, axis=1)
+  row_sum = jnp.sum(lm, axis=1)
+  has = (n > 0).astype(jnp.float32)
+  if mode == TOKEN_MEAN:
+    total, den = row_sum, n
+  elif mode == SEQ_MEAN_TOKEN_MEAN:
+    total, den = jnp.where(n > 0, row_sum / jnp.maximum(n, 1e-30), 0.0), has
+  elif mode == SEQ_MEAN_TOKEN_SUM:
+    total, den = row_sum, has
+  else:
+    length = m.shape[1] if horizon is None else _checks.check_static_int(
+        "horizon", horizon, 1)
+    total, den = row_sum, jnp.full_like(n, float(length))
+  return Aggregate(jnp.sum(w * total), jnp.sum(w * den))
+
+
 def aggregate(
     loss_bt: ArrayLike,
     mask_bt: ArrayLike,
     mode: str = TOKEN_MEAN,
     horizon: int | None = None,
+    row_weights: ArrayLike | None = None,
 ) -> Aggregate:
   """Dispatches to the aggregation named ``mode`` (one of AGGREGATION_MODES).
 
@@ -178,6 +211,9 @@ def aggregate(
     mask_bt: float or bool ``[B, T]`` mask.
     mode: a name in :data:`AGGREGATION_MODES`.
     horizon: ``L`` for ``seq-mean-token-sum-norm`` (ignored otherwise).
+    row_weights: optional float ``[B]`` weight of each row's total and
+      denominator (see the module docstring); None: every row 1 (exactly the
+      unweighted modes).
 
   Returns:
     :class:`Aggregate`.
@@ -185,6 +221,8 @@ def aggregate(
   Raises:
     ValueError: for an unknown mode or bad shapes.
   """
+  if row_weights is not None and mode in AGGREGATION_MODES:
+    return _row_weighted(loss_bt, mask_bt, mode, horizon, row_weights)
   if mode == TOKEN_MEAN:
     return token_mean(loss_bt, mask_bt)
   if mode == SEQ_MEAN_TOKEN_MEAN:

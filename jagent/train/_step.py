@@ -358,8 +358,9 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
   # 2. The objective's batch transform (advantages, filter, batch metrics).
   batch, obj_state = objective.update(batch, state.objective_state)
   metrics.update(batch.metrics)
-  # The losses never read group_size; 1 lets micro-batches split groups.
-  rows = batch.replace(metrics={}, group_size=1)
+  # The losses never read group_size or turns_per_episode (turn rows carry
+  # their per-row weights); 1 lets micro-batches split groups and episodes.
+  rows = batch.replace(metrics={}, group_size=1, turns_per_episode=1)
   mask = jnp.asarray(rows.loss_mask, jnp.float32)
   metrics["train/trained_tokens"] = jnp.sum(mask)
   if has_critic:

@@ -47,6 +47,8 @@ from jagent.transforms._loss import LossTerm
 from jagent.transforms._loss import make_loss
 from jagent.transforms._loss import pg_term
 from jagent.transforms._loss import ppo_clip_term
+from jagent.transforms._loss import row_weights
+from jagent.transforms._loss import TURN_WEIGHTINGS
 from jagent.transforms._loss import value_term
 from jagent.transforms._registry import make
 from jagent.transforms._registry import register
@@ -75,6 +77,7 @@ __all__ = (
     "LossOutput",
     "LossTerm",
     "ModelOutputs",
+    "TURN_WEIGHTINGS",
     "Objective",
     "ObjectiveNeeds",
     "Transform",
@@ -110,6 +113,7 @@ __all__ = (
     "registered",
     "reinforce_pp",
     "rloo",
+    "row_weights",
     "starpo",
     "starpo_s",
     "stateless",

@@ -65,7 +65,8 @@ def make_advantage(name: str, **kwargs: Any) -> Transform:
 
 def _objective(stages, *, eps_low, eps_high, dual_clip, kl_coef, kl_estimator,
                entropy_coef, aggregation, value_coef=0.0, value_clip=0.5,
-               critic=False, kl_in_reward=False, filter_config=None):
+               critic=False, kl_in_reward=False, filter_config=None,
+               turn_weighting="episode"):
   """The clipped-surrogate objective over ``stages``, its needs from its terms.
 
   ``stages`` is a Transform, or with ``filter_config`` a function
@@ -82,8 +83,9 @@ def _objective(stages, *, eps_low, eps_high, dual_clip, kl_coef, kl_estimator,
   needs = ObjectiveNeeds(critic=bool(critic),
                          reference=bool(kl_coef) or bool(kl_in_reward),
                          entropy=bool(entropy_coef))
-  return objective(stages, _loss.make_loss(*terms, aggregation=aggregation),
-                   needs=needs, filter_config=filter_config)
+  loss = _loss.make_loss(*terms, aggregation=aggregation,
+                         turn_weighting=turn_weighting)
+  return objective(stages, loss, needs=needs, filter_config=filter_config)
 
 
 @register("ppo")
@@ -92,7 +94,8 @@ def ppo(*, gamma: float = 1.0, lambda_: float = 1.0, whiten: bool = True,
         dual_clip: float | None = 3.0, entropy_coef: float = 0.001,
         kl_coef: float = 0.0, kl_estimator: str = "k3",
         value_coef: float = 1.0, value_clip: float | None = 0.5,
-        aggregation: str = "token-mean") -> Objective:
+        aggregation: str = "token-mean",
+        turn_weighting: str = "episode") -> Objective:
   """PPO with a critic: GAE (whitened) + clipped surrogate + value loss.
 
   ``chain(compute_gae(gamma, lambda_, whiten))`` and the loss
@@ -113,6 +116,9 @@ def ppo(*, gamma: float = 1.0, lambda_: float = 1.0, whiten: bool = True,
     value_coef: value-loss coefficient.
     value_clip: value clip range (0.5) or None.
     aggregation: loss aggregation mode.
+    turn_weighting: how turn rows weigh (``"episode"``: each episode the
+      same; ``"turn"``: each turn row); see
+      :func:`jagent.transforms.make_loss`.
 
   Returns:
     an :class:`Objective`.
@@ -124,15 +130,16 @@ def ppo(*, gamma: float = 1.0, lambda_: float = 1.0, whiten: bool = True,
   return _objective(
       stages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
       kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
-      aggregation=aggregation, value_coef=value_coef,
-      value_clip=value_clip, critic=True)
+      aggregation=aggregation, turn_weighting=turn_weighting,
+      value_coef=value_coef, value_clip=value_clip, critic=True)
 
 
 @register("grpo")
 def grpo(*, eps: float = 1e-6, eps_low: float = 0.2, eps_high: float = 0.2,
          dual_clip: float | None = 3.0, kl_coef: float = 0.001,
          kl_estimator: str = "k3", entropy_coef: float = 0.001,
-         aggregation: str = "token-mean") -> Objective:
+         aggregation: str = "token-mean",
+         turn_weighting: str = "episode") -> Objective:
   """GRPO: group-normalised scores + clipped surrogate + KL loss (k3).
 
   Args:
@@ -144,6 +151,9 @@ def grpo(*, eps: float = 1e-6, eps_low: float = 0.2, eps_high: float = 0.2,
     kl_estimator: KL estimator (verl ``low_var_kl`` = k3).
     entropy_coef: entropy bonus (RAGEN: 0.001).
     aggregation: loss aggregation (verl default token-mean).
+    turn_weighting: how turn rows weigh (``"episode"``: each episode the
+      same; ``"turn"``: each turn row); see
+      :func:`jagent.transforms.make_loss`.
 
   Returns:
     an :class:`Objective`.
@@ -154,14 +164,16 @@ def grpo(*, eps: float = 1e-6, eps_low: float = 0.2, eps_high: float = 0.2,
   return _objective(
       chain(_stages.compute_grpo(eps)), eps_low=eps_low, eps_high=eps_high,
       dual_clip=dual_clip, kl_coef=kl_coef, kl_estimator=kl_estimator,
-      entropy_coef=entropy_coef, aggregation=aggregation)
+      entropy_coef=entropy_coef, aggregation=aggregation,
+      turn_weighting=turn_weighting)
 
 
 @register("dr_grpo")
 def dr_grpo(*, eps_low: float = 0.2, eps_high: float = 0.2,
             dual_clip: float | None = 3.0, kl_coef: float = 0.0,
             kl_estimator: str = "k3", entropy_coef: float = 0.0,
-            aggregation: str = "seq-mean-token-sum") -> Objective:
+            aggregation: str = "seq-mean-token-sum",
+            turn_weighting: str = "episode") -> Objective:
   """Dr.GRPO: mean-centred scores (no std), no KL, seq-mean-token-sum.
 
   Args:
@@ -173,6 +185,9 @@ def dr_grpo(*, eps_low: float = 0.2, eps_high: float = 0.2,
     entropy_coef: entropy bonus (0).
     aggregation: ``seq-mean-token-sum`` (the paper's constant normaliser;
       verl's ``loss_agg_mode``).
+    turn_weighting: how turn rows weigh (``"episode"``: each episode the
+      same; ``"turn"``: each turn row); see
+      :func:`jagent.transforms.make_loss`.
 
   Returns:
     an :class:`Objective`.
@@ -183,7 +198,8 @@ def dr_grpo(*, eps_low: float = 0.2, eps_high: float = 0.2,
   return _objective(
       chain(_stages.compute_dr_grpo()), eps_low=eps_low, eps_high=eps_high,
       dual_clip=dual_clip, kl_coef=kl_coef, kl_estimator=kl_estimator,
-      entropy_coef=entropy_coef, aggregation=aggregation)
+      entropy_coef=entropy_coef, aggregation=aggregation,
+      turn_weighting=turn_weighting)
 
 
 @register("dapo")
@@ -191,7 +207,8 @@ def dapo(*, eps: float = 1e-6, eps_low: float = 0.2, eps_high: float = 0.28,
          dual_clip: float | None = 3.0, dynamic_sampling: bool = True,
          kl_coef: float = 0.0, kl_estimator: str = "k3",
          entropy_coef: float = 0.0,
-         aggregation: str = "token-mean") -> Objective:
+         aggregation: str = "token-mean",
+         turn_weighting: str = "episode") -> Objective:
   """DAPO: clip-higher, token-mean, no KL, dynamic sampling as a mask.
 
   Dynamic sampling (dropping groups whose rewards are all equal) becomes
@@ -209,6 +226,9 @@ def dapo(*, eps: float = 1e-6, eps_low: float = 0.2, eps_high: float = 0.28,
     kl_estimator: KL estimator.
     entropy_coef: entropy bonus (0).
     aggregation: ``token-mean``.
+    turn_weighting: how turn rows weigh (``"episode"``: each episode the
+      same; ``"turn"``: each turn row); see
+      :func:`jagent.transforms.make_loss`.
 
   Returns:
     an :class:`Objective`.
@@ -222,14 +242,16 @@ def dapo(*, eps: float = 1e-6, eps_low: float = 0.2, eps_high: float = 0.28,
   return _objective(
       chain(*stages), eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
       kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
-      aggregation=aggregation)
+      aggregation=aggregation,
+      turn_weighting=turn_weighting)
 
 
 @register("rloo")
 def rloo(*, eps_low: float = 0.2, eps_high: float = 0.2,
          dual_clip: float | None = 3.0, kl_coef: float = 0.0,
          kl_estimator: str = "k3", entropy_coef: float = 0.0,
-         aggregation: str = "token-mean") -> Objective:
+         aggregation: str = "token-mean",
+         turn_weighting: str = "episode") -> Objective:
   """RLOO: leave-one-out baseline + clipped surrogate.
 
   Args:
@@ -240,6 +262,9 @@ def rloo(*, eps_low: float = 0.2, eps_high: float = 0.2,
     kl_estimator: KL estimator.
     entropy_coef: entropy bonus.
     aggregation: loss aggregation.
+    turn_weighting: how turn rows weigh (``"episode"``: each episode the
+      same; ``"turn"``: each turn row); see
+      :func:`jagent.transforms.make_loss`.
 
   Returns:
     an :class:`Objective`.
@@ -250,7 +275,8 @@ def rloo(*, eps_low: float = 0.2, eps_high: float = 0.2,
   return _objective(
       chain(_stages.compute_rloo()), eps_low=eps_low, eps_high=eps_high,
       dual_clip=dual_clip, kl_coef=kl_coef, kl_estimator=kl_estimator,
-      entropy_coef=entropy_coef, aggregation=aggregation)
+      entropy_coef=entropy_coef, aggregation=aggregation,
+      turn_weighting=turn_weighting)
 
 
 @register("reinforce_pp")
@@ -259,7 +285,8 @@ def reinforce_pp(*, gamma: float = 1.0, baseline: bool = False,
                  kl_reward_estimator: str = "k1", eps_low: float = 0.2,
                  eps_high: float = 0.2, dual_clip: float | None = 3.0,
                  entropy_coef: float = 0.0,
-                 aggregation: str = "token-mean") -> Objective:
+                 aggregation: str = "token-mean",
+                 turn_weighting: str = "episode") -> Objective:
   """REINFORCE++: KL-penalised rewards, batch-whitened returns, PPO clip.
 
   ``chain(kl_reward_penalty, compute_reinforce_pp)`` (or the group-baseline
@@ -276,6 +303,9 @@ def reinforce_pp(*, gamma: float = 1.0, baseline: bool = False,
     dual_clip: dual-clip constant or None.
     entropy_coef: entropy bonus.
     aggregation: loss aggregation.
+    turn_weighting: how turn rows weigh (``"episode"``: each episode the
+      same; ``"turn"``: each turn row); see
+      :func:`jagent.transforms.make_loss`.
 
   Returns:
     an :class:`Objective`.
@@ -292,7 +322,8 @@ def reinforce_pp(*, gamma: float = 1.0, baseline: bool = False,
   return _objective(
       chain(*stages), eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
       kl_coef=0.0, kl_estimator="k1", entropy_coef=entropy_coef,
-      aggregation=aggregation, kl_in_reward=bool(kl_reward_coef))
+      aggregation=aggregation, turn_weighting=turn_weighting,
+      kl_in_reward=bool(kl_reward_coef))
 
 
 @register("gigpo")
@@ -301,7 +332,8 @@ def gigpo(*, step_gamma: float = 0.95, step_weight: float = 1.0,
           eps_high: float = 0.2, dual_clip: float | None = 3.0,
           kl_coef: float = 0.01, kl_estimator: str = "k3",
           entropy_coef: float = 0.0,
-          aggregation: str = "token-mean") -> Objective:
+          aggregation: str = "token-mean",
+          turn_weighting: str = "episode") -> Objective:
   """GiGPO: episode + anchor-state step advantages + clipped surrogate + KL.
 
   Needs ``turn_ids`` and ``anchor_hashes`` in the batch.
@@ -317,6 +349,9 @@ def gigpo(*, step_gamma: float = 0.95, step_weight: float = 1.0,
     kl_estimator: KL estimator (k3).
     entropy_coef: entropy bonus.
     aggregation: loss aggregation.
+    turn_weighting: how turn rows weigh (``"episode"``: each episode the
+      same; ``"turn"``: each turn row); see
+      :func:`jagent.transforms.make_loss`.
 
   Returns:
     an :class:`Objective`.
@@ -329,7 +364,8 @@ def gigpo(*, step_gamma: float = 0.95, step_weight: float = 1.0,
   return _objective(
       stages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
       kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
-      aggregation=aggregation)
+      aggregation=aggregation,
+      turn_weighting=turn_weighting)
 
 
 def _advantage_stage(advantage, advantage_kwargs):
@@ -357,7 +393,8 @@ def starpo(*, advantage: str | Transform = "gae",
            dual_clip: float | None = 3.0, kl_coef: float = 0.001,
            kl_estimator: str = "k3", entropy_coef: float = 0.001,
            value_coef: float = 1.0, value_clip: float | None = 0.5,
-           aggregation: str = "token-mean") -> Objective:
+           aggregation: str = "token-mean",
+           turn_weighting: str = "episode") -> Objective:
   """StarPO: a token-level PPO/GRPO objective over whole multi-turn trajectories.
 
   ``chain(<advantage>)`` and the loss ``ppo_clip_term + kl_term +
@@ -381,6 +418,9 @@ def starpo(*, advantage: str | Transform = "gae",
     value_coef: value-loss coefficient.
     value_clip: value clip range (0.5) or None.
     aggregation: loss aggregation.
+    turn_weighting: how turn rows weigh (``"episode"``: each episode the
+      same; ``"turn"``: each turn row); see
+      :func:`jagent.transforms.make_loss`.
 
   Returns:
     an :class:`Objective`.
@@ -395,7 +435,8 @@ def starpo(*, advantage: str | Transform = "gae",
       chain(_advantage_stage(advantage, advantage_kwargs)), eps_low=eps_low,
       eps_high=eps_high, dual_clip=dual_clip, kl_coef=kl_coef,
       kl_estimator=kl_estimator, entropy_coef=entropy_coef,
-      aggregation=aggregation, value_coef=value_coef, value_clip=value_clip,
+      aggregation=aggregation, turn_weighting=turn_weighting,
+      value_coef=value_coef, value_clip=value_clip,
       critic=_critic(advantage, critic))
 
 
@@ -409,7 +450,8 @@ def starpo_s(*, advantage: str | Transform = "gae",
              kl_estimator: str = "k3",
              entropy_coef: float = 0.001, value_coef: float = 1.0,
              value_clip: float | None = 0.5,
-             aggregation: str = "token-mean") -> Objective:
+             aggregation: str = "token-mean",
+             turn_weighting: str = "episode") -> Objective:
   """StarPO-S: StarPO + uncertainty filtering, no KL, clip-higher, critic.
 
   ``chain(filter_rollouts(filter_config), <advantage>)`` and the loss
@@ -463,6 +505,9 @@ def starpo_s(*, advantage: str | Transform = "gae",
     value_coef: value-loss coefficient.
     value_clip: value clip range (0.5) or None.
     aggregation: loss aggregation.
+    turn_weighting: how turn rows weigh (``"episode"``: each episode the
+      same; ``"turn"``: each turn row); see
+      :func:`jagent.transforms.make_loss`.
 
   Returns:
     an :class:`Objective`.
@@ -486,5 +531,6 @@ def starpo_s(*, advantage: str | Transform = "gae",
   return _objective(
       stages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
       kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
-      aggregation=aggregation, value_coef=value_coef, value_clip=value_clip,
+      aggregation=aggregation, turn_weighting=turn_weighting,
+      value_coef=value_coef, value_clip=value_clip,
       critic=_critic(advantage, critic), filter_config=filter_config)

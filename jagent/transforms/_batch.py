@@ -3,6 +3,19 @@
 Shapes: ``B`` rows (trajectories, group-major: row ``b`` belongs to group
 ``b // G``), ``S`` token positions (the padded context, or the trained
 window), ``T`` assistant turns.
+
+Turn rows (bounded-history contexts, ``RolloutConfig.history_turns >= 0``):
+with ``Batch.turns_per_episode = T > 1`` every row is ONE turn of an
+episode. ``E`` episodes of ``T`` rows give ``B = E * T`` rows, episode-major
+(row ``r`` is turn ``r % T`` of episode ``r // T``, and episode ``e`` belongs
+to group ``e // G``: ``G = group_size`` counts EPISODES, so a group is ``G *
+T`` consecutive rows). Row fields (``scores``, ``terminated``,
+``bootstrap_values``) hold the episode's value on each of its rows;
+``anchor_hashes`` is ``[B, 1]``, the anchor of the row's own turn;
+``row_valid`` is False on the rows of turns not taken (they have no trained
+token). Stages compute over episodes on the whole batch (trajectory-level
+advantages, group statistics) and write per-row results; the losses only
+read per-row fields, so micro-batches may split episodes.
 """
 
 from __future__ import annotations
@@ -20,7 +33,10 @@ TOKEN_FIELDS = ("tokens", "loss_mask", "sampler_logprobs", "old_logprobs",
                 "ref_logprobs", "values", "rewards", "turn_ids", "advantages",
                 "returns", "is_weights")
 TURN_FIELDS = ("anchor_hashes", "format_valid")
-ROW_FIELDS = ("scores", "terminated", "bootstrap_values", "keep")
+ROW_FIELDS = ("scores", "terminated", "bootstrap_values", "keep", "row_valid",
+              "episode_turns")
+NONFINITE_KEY = "rollout/nonfinite_episodes"
+"""Batch metric: episodes dropped for a non-finite reward or score."""
 
 
 @struct.dataclass
@@ -61,9 +77,20 @@ class Batch:
     returns: float32 ``[B, S]`` value targets (added by GAE stages).
     is_weights: float32 ``[B, S]`` truncated importance weights (TIS stage).
     keep: bool ``[B]`` rows kept by a rollout filter.
+    row_valid: bool ``[B]`` rows that may train; False rows train nothing and
+      leave their group's statistics (e.g. an episode with a non-finite
+      reward, see :func:`drop_nonfinite_episodes`; with turn rows, the rows
+      of turns not taken). None: every row.
+    episode_turns: float32 ``[B]`` with turn rows, the number of valid rows
+      of the row's episode (how the losses weigh an episode, see
+      :func:`jagent.transforms.make_loss`'s ``turn_weighting``). Filled by
+      :func:`jagent.train.trajectory_batch` and, if None, by the first stage.
+      None with one row per episode.
     metrics: dict of float32 ``[]`` diagnostics added by stages (filter kept
       ratio, reward std before/after, KL coefficient, ...).
     group_size: static int ``G`` (rollouts per initial state), dividing ``B``.
+    turns_per_episode: static int ``T`` rows per episode (turn rows, see the
+      module docstring); 1: one row per episode.
   """
   tokens: Array | None = None
   loss_mask: Array | None = None
@@ -82,8 +109,11 @@ class Batch:
   returns: Array | None = None
   is_weights: Array | None = None
   keep: Array | None = None
+  row_valid: Array | None = None
+  episode_turns: Array | None = None
   metrics: dict[str, Array] = struct.field(default_factory=dict)
   group_size: int = struct.field(pytree_node=False, default=1)
+  turns_per_episode: int = struct.field(pytree_node=False, default=1)
 
   def select_rows(self, start: int, stop: int) -> "Batch":
     """Rows ``[start, stop)`` of every array field (a micro-batch).
@@ -170,6 +200,14 @@ def require(batch: Batch, fields: tuple[str, ...], stage: str) -> None:
   if rows is not None and rows % batch.group_size:
     raise ValueError(f"{stage}: group_size {batch.group_size} does not divide "
                      f"the {rows} rows of the batch.")
+  t = batch.turns_per_episode
+  if not isinstance(t, int) or t < 1:
+    raise ValueError(f"{stage}: turns_per_episode must be an int >= 1; got "
+                     f"{t!r}.")
+  if rows is not None and rows % (t * batch.group_size):
+    raise ValueError(f"{stage}: turns_per_episode {t} x group_size "
+                     f"{batch.group_size} does not divide the {rows} rows of "
+                     f"the batch.")
 
 
 def mask_of(batch: Batch) -> Array:
@@ -200,3 +238,113 @@ def trajectory_scores(batch: Batch) -> Array:
 def add_metrics(batch: Batch, **metrics: Array) -> Batch:
   """Returns ``batch`` with ``metrics`` merged into ``batch.metrics``."""
   return batch.replace(metrics={**batch.metrics, **metrics})
+
+
+def drop_nonfinite_episodes(batch: Batch) -> Batch:
+  """Invalidates the rows whose reward or score is not finite (NaN, inf).
+
+  A host environment may return a non-finite reward; left alone it makes its
+  group's mean/std (and so the whole update) NaN, and the step is skipped.
+  Instead such a row gets ``row_valid`` False, ``loss_mask`` all zero and its
+  ``rewards``/``scores`` set to 0, so it trains nothing, the advantage stages
+  leave it out of its group's statistics (they read ``row_valid``), and the
+  other rows train (TRL PR #5773's case). With turn rows a non-finite value
+  in any row drops every row of its episode, and ``episode_turns`` is filled
+  if None. Every stage that reads rewards or scores calls this first; it runs
+  once per batch (the metric :data:`NONFINITE_KEY`, the count of dropped
+  episodes, marks it done). With finite input every field keeps its values
+  (``row_valid`` becomes all True if it was None).
+
+  Args:
+    batch: a :class:`Batch` with ``loss_mask`` and optionally ``rewards``
+      ``[B, S]``, ``scores`` ``[B]`` and ``row_valid`` ``[B]``.
+
+  Returns:
+    the :class:`Batch` with the metric ``rollout/nonfinite_episodes``.
+
+  Raises:
+    ValueError: a missing ``loss_mask`` or mis-shaped fields.
+  """
+  if NONFINITE_KEY in batch.metrics:  # static: already applied to this batch
+    return batch
+  present = tuple(f for f in ("rewards", "scores", "row_valid")
+                  if getattr(batch, f) is not None)
+  require(batch, ("loss_mask",) + present, "drop_nonfinite_episodes")
+  rows = jnp.shape(batch.loss_mask)[0]
+  ok = jnp.ones((rows,), jnp.bool_)
+  if batch.rewards is not None:
+    ok &= jnp.all(jnp.isfinite(batch.rewards), axis=1)
+  if batch.scores is not None:
+    ok &= jnp.isfinite(batch.scores)
+  t = batch.turns_per_episode
+  ok_e = jnp.all(ok.reshape(-1, t), axis=1)  # a bad turn drops its episode
+  ok = to_rows(ok_e, t)
+  valid = ok if batch.row_valid is None else ok & jnp.asarray(
+      batch.row_valid, jnp.bool_)
+  zeros = jnp.zeros_like
+  out = batch.replace(
+      loss_mask=jnp.where(ok[:, None], batch.loss_mask, zeros(batch.loss_mask)),
+      row_valid=valid)
+  if batch.rewards is not None:
+    out = out.replace(rewards=jnp.where(ok[:, None], batch.rewards,
+                                        zeros(batch.rewards)))
+  if batch.scores is not None:
+    out = out.replace(scores=jnp.where(ok, batch.scores, zeros(batch.scores)))
+  if t > 1 and batch.episode_turns is None:
+    out = out.replace(episode_turns=to_rows(jnp.sum(
+        valid.reshape(-1, t).astype(jnp.float32), axis=1), t))
+  return add_metrics(out, **{NONFINITE_KEY: jnp.sum(
+      (~ok_e).astype(jnp.float32))})
+
+
+def valid_rows(batch: Batch) -> Array:
+  """``row_valid`` as bool ``[B]`` (all True when None)."""
+  if batch.row_valid is None:
+    return jnp.ones((jnp.shape(batch.loss_mask)[0],), jnp.bool_)
+  return jnp.asarray(batch.row_valid, jnp.bool_)
+
+
+def to_rows(x_e: Array, turns_per_episode: int) -> Array:
+  """Episode values ``[E, ...]`` on each of their rows: ``[E * T, ...]``."""
+  if turns_per_episode == 1:
+    return x_e
+  return jnp.repeat(x_e, turns_per_episode, axis=0)
+
+
+def episode_view(x_r: Array, turns_per_episode: int) -> Array:
+  """The value of each episode's first row: ``[E * T, ...]`` -> ``[E, ...]``.
+
+  For row fields that hold the episode's value on every row (``scores``,
+  ``terminated``, ...); turn 0 is always a taken turn.
+  """
+  if turns_per_episode == 1:
+    return x_r
+  x = jnp.asarray(x_r)
+  return x.reshape((-1, turns_per_episode) + x.shape[1:])[:, 0]
+
+
+def episode_tokens(x_rs: Array, turns_per_episode: int) -> Array:
+  """Each episode's rows side by side: ``[E * T, S]`` -> ``[E, T * S]``.
+
+  The replies of an episode's turns, in turn order, each masked where it is
+  not trained, as the one sequence of the full-history layout: token-level
+  recursions (discounted returns, bi-level GAE) run over it unchanged.
+  """
+  x = jnp.asarray(x_rs)
+  return x.reshape(-1, turns_per_episode * x.shape[1])
+
+
+def episode_scores(batch: Batch) -> Array:
+  """float32 ``[E]`` episode scores (``[B]`` = trajectory_scores with one row
+  per episode): ``scores`` of the episode's first row, or the sum of
+  ``rewards * loss_mask`` over all its rows."""
+  t = batch.turns_per_episode
+  if t == 1 or batch.scores is not None:
+    return episode_view(trajectory_scores(batch), t)
+  return jnp.sum(trajectory_scores(batch).reshape(-1, t), axis=1)
+
+
+def episode_valid(batch: Batch) -> Array:
+  """bool ``[E]``: episodes with a valid row (see :func:`valid_rows`)."""
+  t = batch.turns_per_episode
+  return jnp.any(valid_rows(batch).reshape(-1, t), axis=1)

@@ -7,6 +7,16 @@ terms token by token and aggregates the sum with ONE mode over
 ``LossOutput(loss_sum, denominator, metrics)``. A value term shares the mode;
 with separate actor and critic parameters each still gets exactly its own
 gradient. Use two objectives if they need different modes.
+
+How much an episode weighs: with one row per episode, as the aggregation
+mode says. With turn rows (``Batch.episode_turns`` set) each row is also
+weighted by :func:`row_weights`: ``turn_weighting="episode"`` (default)
+weighs row ``i`` by ``1 / episode_turns_i``, so an episode weighs the same
+whatever its number of turns (``seq-mean-token-mean``: mean over its turn
+rows, then over episodes; ``token-mean``: each episode's tokens count as its
+mean tokens per turn); ``"turn"`` weighs every turn row 1 (an episode weighs
+its number of turns). Rows with ``row_valid`` False weigh 0. The weights are
+per row, so micro-batch sums stay exact.
 """
 
 from __future__ import annotations
@@ -239,8 +249,53 @@ def value_term(coef: float = 1.0, clip: float | None = 0.5) -> LossTerm:
   return LossTerm("value", fn)
 
 
+TURN_WEIGHTINGS = ("episode", "turn")
+"""``make_loss(turn_weighting=...)`` choices (see the module docstring)."""
+
+
+def row_weights(batch: Batch, turn_weighting: str = "episode") -> Array | None:
+  """float32 ``[B]`` per-row loss weights of turn rows, or None.
+
+  None (every row 1, the unweighted aggregation) when
+  ``batch.episode_turns`` is None (one row per episode). Otherwise
+  ``row_valid / episode_turns`` (``"episode"``) or ``row_valid``
+  (``"turn"``).
+
+  Args:
+    batch: a :class:`Batch`.
+    turn_weighting: one of :data:`TURN_WEIGHTINGS`.
+
+  Returns:
+    float32 ``[B]`` or None.
+
+  Raises:
+    ValueError: for an unknown ``turn_weighting``, or turn rows
+      (``turns_per_episode > 1``) whose ``episode_turns`` is None (no stage
+      ran on the whole batch to fill it).
+  """
+  if turn_weighting not in TURN_WEIGHTINGS:
+    raise ValueError(f"turn_weighting must be one of {TURN_WEIGHTINGS}; got "
+                     f"{turn_weighting!r}.")
+  if batch.episode_turns is None:
+    if batch.turns_per_episode > 1:
+      raise ValueError("loss: Batch.episode_turns is None with "
+                       f"turns_per_episode={batch.turns_per_episode}; fill it "
+                       "(jagent.train.trajectory_batch or any advantage "
+                       "stage does).")
+    return None
+  # No require(): a micro-batch's rows need not be whole episodes.
+  w = jnp.ones(jnp.shape(batch.episode_turns), jnp.float32)
+  if batch.row_valid is not None:
+    _checks.check_same_shape(("Batch.row_valid", "Batch.episode_turns"),
+                             (batch.row_valid, batch.episode_turns))
+    w = jnp.asarray(batch.row_valid, jnp.float32)
+  if turn_weighting == "episode":
+    w = w / jnp.maximum(jnp.asarray(batch.episode_turns, jnp.float32), 1.0)
+  return w
+
+
 def make_loss(*terms: LossTerm, aggregation: str = "token-mean",
-              horizon: int | None = None):
+              horizon: int | None = None, turn_weighting: str = "episode"):
   """Sums loss terms per token and aggregates them once.
 
   ``loss(outputs, batch)`` returns ``LossOutput(loss_sum, denominator,
@@ -252,12 +307,16 @@ def make_loss(*terms: LossTerm, aggregation: str = "token-mean",
     *terms: :class:`LossTerm` objects (names must be unique).
     aggregation: a :data:`jagent.losses.AGGREGATION_MODES` name.
     horizon: ``L`` of ``seq-mean-token-sum-norm`` (default: ``S``).
+    turn_weighting: how turn rows weigh, ``"episode"`` (each episode the
+      same) or ``"turn"`` (each turn row the same); see the module
+      docstring. No effect with one row per episode.
 
   Returns:
     ``loss(outputs: ModelOutputs, batch: Batch) -> LossOutput``.
 
   Raises:
-    ValueError: for no terms, duplicate names or an unknown aggregation.
+    ValueError: for no terms, duplicate names, an unknown aggregation or
+      turn weighting.
   """
   if not terms:
     raise ValueError("make_loss needs at least one LossTerm.")
@@ -269,12 +328,17 @@ def make_loss(*terms: LossTerm, aggregation: str = "token-mean",
   if aggregation not in losses.AGGREGATION_MODES:
     raise ValueError(f"aggregation must be one of {losses.AGGREGATION_MODES}; "
                      f"got {aggregation!r}.")
-  agg = functools.partial(losses.aggregate, mode=aggregation, horizon=horizon)
+  if turn_weighting not in TURN_WEIGHTINGS:
+    raise ValueError(f"turn_weighting must be one of {TURN_WEIGHTINGS}; got "
+                     f"{turn_weighting!r}.")
 
   def loss(outputs: ModelOutputs, batch: Batch) -> LossOutput:
     require(batch, ("loss_mask",), "loss")
     _check_outputs(outputs, batch, "loss")
     m = mask_of(batch)
+    agg = functools.partial(losses.aggregate, mode=aggregation,
+                            horizon=horizon,
+                            row_weights=row_weights(batch, turn_weighting))
     total = jnp.zeros(m.shape, jnp.float32)
     metrics = {}
     sg = jax.lax.stop_gradient

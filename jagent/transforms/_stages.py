@@ -4,6 +4,16 @@ Each factory validates its hyperparameters on the host and returns a
 :class:`Transform`. ``update`` raises ValueError (at trace time, before any
 compile) when a field it needs is missing. Shapes: ``[B, S]`` tokens, ``[B, T]``
 turns, ``[B]`` rows; groups are ``Batch.group_size`` consecutive rows.
+
+Turn rows (``Batch.turns_per_episode = T > 1``, see :mod:`._batch`): every
+stage computes over EPISODES and writes per-row results. Trajectory-level
+advantages (GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline) are computed from the
+episodes' scores (``G`` per group) and broadcast to every trained token of
+each of the episode's rows; REINFORCE++ and bi-level GAE run their token
+recursions over the episode's replies in turn order (the full-history
+sequence, so they equal the ``T = 1`` result on the same replies); GAE is
+turn-level (:func:`compute_gae`); GiGPO has one step per row
+(:func:`compute_gigpo`).
 """
 
 from __future__ import annotations
@@ -22,9 +32,16 @@ from jagent.transforms._base import stateless
 from jagent.transforms._base import Transform
 from jagent.transforms._batch import add_metrics
 from jagent.transforms._batch import Batch
+from jagent.transforms._batch import drop_nonfinite_episodes
+from jagent.transforms._batch import episode_scores
+from jagent.transforms._batch import episode_tokens
+from jagent.transforms._batch import episode_valid
+from jagent.transforms._batch import episode_view
 from jagent.transforms._batch import mask_of
 from jagent.transforms._batch import require
+from jagent.transforms._batch import to_rows
 from jagent.transforms._batch import trajectory_scores
+from jagent.transforms._batch import valid_rows
 
 
 def _f32(x):
@@ -44,6 +61,17 @@ def _episode_ends(batch: Batch):
     require(batch, ("bootstrap_values",), "episode ends")
     boot = _f32(batch.bootstrap_values)
   return terminated, boot
+
+
+def _first_trained(x_rs, m):
+  """float32 ``[B]``: ``x`` at each row's first trained position (0 if none)."""
+  first = jnp.argmax(m > 0, axis=1)
+  x = jnp.take_along_axis(_f32(x_rs), first[:, None], axis=1)[:, 0]
+  return jnp.where(jnp.any(m > 0, axis=1), x, 0.0)
+
+
+def _from_episode_tokens(x_et, m):
+  return jnp.reshape(x_et, jnp.shape(m))
 
 
 def _masked_mean(x, mask):
@@ -67,8 +95,21 @@ def compute_gae(gamma: float = 1.0, lambda_: float = 1.0,
   :func:`jagent.losses.gae` per row, then (``whiten``) masked whitening of
   the advantages over the batch, as verl. RAGEN defaults gamma = lambda = 1.
 
+  With turn rows (``Batch.turns_per_episode = T > 1``) it is TURN-level GAE,
+  one step per row: the reward of turn ``t`` is ``rho_t = sum(rewards *
+  loss_mask)`` of its row, its value ``V_t`` the critic's value at the
+  row's FIRST trained position (``values[r, s]`` is V of the context before
+  token ``s``, so this is V of the turn's own context: its bounded history,
+  observation and assistant header), and :func:`jagent.losses.gae` runs over
+  the episode's valid turns: ``delta_t = rho_t + gamma V_{t+1} - V_t``,
+  ``A_t = delta_t + gamma lambda A_{t+1}``, after the last turn ``V = 0`` if
+  the episode terminated, ``bootstrap_values`` if truncated. ``A_t`` and the
+  return ``A_t + V_t`` are put on every trained token of the row (the value
+  loss regresses each reply position to the turn's return), then whitened
+  over the batch's trained tokens.
+
   Args:
-    gamma: discount per trained token, in [0, 1].
+    gamma: discount per trained token (per turn with turn rows), in [0, 1].
     lambda_: GAE lambda, in [0, 1].
     whiten: whiten advantages over the batch's trained tokens.
 
@@ -86,9 +127,22 @@ def compute_gae(gamma: float = 1.0, lambda_: float = 1.0,
 
   def fn(batch):
     require(batch, ("rewards", "values", "loss_mask"), "compute_gae")
+    batch = drop_nonfinite_episodes(batch)
     terminated, boot = _episode_ends(batch)
-    out = per_row(batch.rewards, batch.values, mask_of(batch), terminated,
-                  boot)
+    t = batch.turns_per_episode
+    if t == 1:
+      out = per_row(batch.rewards, batch.values, mask_of(batch), terminated,
+                    boot)
+    else:
+      m = mask_of(batch)
+      turn = lambda x: x.reshape(-1, t)  # noqa: E731  [E, T] turns
+      per_turn = per_row(turn(jnp.sum(_f32(batch.rewards) * m, axis=1)),
+                         turn(_first_trained(batch.values, m)),
+                         turn(jnp.any(m > 0, axis=1)),
+                         episode_view(terminated, t), episode_view(boot, t))
+      out = losses.AdvantagesAndReturns(
+          per_turn.advantages.reshape(-1)[:, None] * m,
+          per_turn.returns.reshape(-1)[:, None] * m)
     adv = out.advantages
     if whiten:
       adv = losses.masked_whiten(adv, mask_of(batch))
@@ -124,18 +178,28 @@ def compute_bilevel_gae(gamma: float = 1.0, lambda_: float = 1.0,
 
   def fn(batch):
     require(batch, ("rewards", "values", "loss_mask"), "compute_bilevel_gae")
+    batch = drop_nonfinite_episodes(batch)
     terminated, boot = _episode_ends(batch)
     kw = dict(gamma=gamma, lambda_=lambda_, turn_gamma=turn_gamma)
     m = mask_of(batch)
+    t = batch.turns_per_episode
+    # Turn rows: one sequence per episode, its replies in turn order.
+    ep = ((lambda x: x) if t == 1 else  # noqa: E731
+          lambda x: episode_tokens(x, t))
+    ends = (episode_view(terminated, t), episode_view(boot, t))
     if batch.turn_ids is None:
       per_row = jax.vmap(lambda r, v, mm, te, bo: losses.bilevel_gae(
           r, v, mm, None, te, bo, **kw))
-      out = per_row(batch.rewards, batch.values, m, terminated, boot)
+      out = per_row(ep(batch.rewards), ep(batch.values), ep(m), *ends)
     else:
       require(batch, ("turn_ids", "loss_mask"), "compute_bilevel_gae")
       per_row = jax.vmap(functools.partial(losses.bilevel_gae, **kw))
-      out = per_row(batch.rewards, batch.values, m, batch.turn_ids,
-                    terminated, boot)
+      out = per_row(ep(batch.rewards), ep(batch.values), ep(m),
+                    ep(batch.turn_ids), *ends)
+    if t > 1:
+      out = losses.AdvantagesAndReturns(
+          _from_episode_tokens(out.advantages, m),
+          _from_episode_tokens(out.returns, m))
     adv = losses.masked_whiten(out.advantages, m) if whiten else out.advantages
     return _adv_metrics(batch.replace(advantages=adv, returns=out.returns), adv)
 
@@ -145,10 +209,15 @@ def compute_bilevel_gae(gamma: float = 1.0, lambda_: float = 1.0,
 def _group_stage(name: str, per_group) -> Transform:
   def fn(batch):
     require(batch, ("loss_mask",), name)
-    scores = trajectory_scores(batch)
-    groups = losses.as_groups("scores", scores, batch.group_size)
-    adv_b = jax.vmap(per_group)(groups).reshape(-1)
-    adv = adv_b[:, None] * mask_of(batch)
+    batch = drop_nonfinite_episodes(batch)
+    # Over episodes (G per group), then on each of the episode's rows.
+    groups = losses.as_groups("scores", episode_scores(batch),
+                              batch.group_size)
+    valid = losses.as_groups("row_valid", episode_valid(batch),
+                             batch.group_size)
+    adv_e = jax.vmap(lambda s, v: per_group(s, valid_g=v))(
+        groups, valid).reshape(-1)
+    adv = to_rows(adv_e, batch.turns_per_episode)[:, None] * mask_of(batch)
     return _adv_metrics(batch.replace(advantages=adv), adv)
 
   return stateless(fn)
@@ -201,7 +270,13 @@ def compute_reinforce_pp(gamma: float = 1.0) -> Transform:
 
   def fn(batch):
     require(batch, ("rewards", "loss_mask"), "compute_reinforce_pp")
-    adv = losses.reinforce_pp_advantages(batch.rewards, mask_of(batch), gamma)
+    batch = drop_nonfinite_episodes(batch)
+    t, m = batch.turns_per_episode, mask_of(batch)
+    if t == 1:
+      adv = losses.reinforce_pp_advantages(batch.rewards, m, gamma)
+    else:  # returns to go over the episode's later turns too
+      adv = _from_episode_tokens(losses.reinforce_pp_advantages(
+          episode_tokens(batch.rewards, t), episode_tokens(m, t), gamma), m)
     return _adv_metrics(batch.replace(advantages=adv), adv)
 
   return stateless(fn)
@@ -212,8 +287,15 @@ def compute_reinforce_pp_baseline() -> Transform:
 
   def fn(batch):
     require(batch, ("loss_mask",), "compute_reinforce_pp_baseline")
-    adv = losses.reinforce_pp_baseline_advantages(
-        trajectory_scores(batch), mask_of(batch), batch.group_size)
+    batch = drop_nonfinite_episodes(batch)
+    t, m = batch.turns_per_episode, mask_of(batch)
+    if t == 1:
+      adv = losses.reinforce_pp_baseline_advantages(
+          trajectory_scores(batch), m, batch.group_size, valid_rows(batch))
+    else:  # one sequence per episode: centred over episodes, same whitening
+      adv = _from_episode_tokens(losses.reinforce_pp_baseline_advantages(
+          episode_scores(batch), episode_tokens(m, t), batch.group_size,
+          episode_valid(batch)), m)
     return _adv_metrics(batch.replace(advantages=adv), adv)
 
   return stateless(fn)
@@ -227,6 +309,16 @@ def compute_gigpo(step_gamma: float = 0.95, step_weight: float = 1.0,
   ``[B, T]``. Turn rewards are the trained token rewards summed per turn; a
   turn exists if it has a trained token. Each token gets its turn's
   advantage (:func:`jagent.losses.gigpo_advantages`).
+
+  With turn rows (``Batch.turns_per_episode = T > 1``) each row is one step:
+  ``anchor_hashes`` is ``[B, 1]`` (the row's turn's anchor), the step reward
+  is the row's ``sum(rewards * loss_mask)``, a step exists if its row has a
+  trained token, and the episode level uses the episodes' scores. The
+  discounted step returns run over the episode's turns (GiGPO, arXiv
+  2505.10978, eq. 6-7; RAGEN-2's per-turn rewards), the step groups gather
+  identical anchors over every episode and turn of the group, and each row
+  gets ``A^E`` of its episode plus ``w A^S`` of its step on its trained
+  tokens.
 
   Args:
     step_gamma: turn-level discount in [0, 1] (paper: 0.95).
@@ -243,14 +335,17 @@ def compute_gigpo(step_gamma: float = 0.95, step_weight: float = 1.0,
   """
   _checks.check_in_range("step_gamma", step_gamma, 0.0, 1.0)
   _checks.check_in_range("eps", eps, 0.0, float("inf"), lo_open=True)
-  per_group = jax.vmap(functools.partial(
-      losses.gigpo_advantages, step_gamma=step_gamma, step_weight=step_weight,
-      eps=eps, normalize_std=normalize_std))
+  per_group = jax.vmap(lambda s, r, a, m, v: losses.gigpo_advantages(
+      s, r, a, m, step_gamma=step_gamma, step_weight=step_weight, eps=eps,
+      normalize_std=normalize_std, valid_g=v))
 
   def fn(batch):
     require(batch, ("rewards", "loss_mask", "turn_ids", "anchor_hashes"),
             "compute_gigpo")
     _checks.check_integer("Batch.anchor_hashes", batch.anchor_hashes)
+    batch = drop_nonfinite_episodes(batch)
+    if batch.turns_per_episode > 1:
+      return _gigpo_turn_rows(batch, per_group)
     b, t = jnp.shape(batch.anchor_hashes)
     g = batch.group_size
     m = mask_of(batch)
@@ -261,7 +356,8 @@ def compute_gigpo(step_gamma: float = 0.95, step_weight: float = 1.0,
     scores = trajectory_scores(batch)
     out = per_group(scores.reshape(b // g, g), turn_r.reshape(b // g, g, t),
                     jnp.asarray(batch.anchor_hashes).reshape(b // g, g, t),
-                    tmask.reshape(b // g, g, t))
+                    tmask.reshape(b // g, g, t),
+                    valid_rows(batch).reshape(b // g, g))
     adv_turn = out.advantages.reshape(b, t)
     valid_id = (ids >= 0) & (ids < t)
     adv = jnp.take_along_axis(adv_turn, jnp.clip(ids, 0, t - 1), axis=1)
@@ -272,6 +368,27 @@ def compute_gigpo(step_gamma: float = 0.95, step_weight: float = 1.0,
     return _adv_metrics(batch.replace(advantages=adv), adv)
 
   return stateless(fn)
+
+
+def _gigpo_turn_rows(batch, per_group):
+  """:func:`compute_gigpo` with one step per row (turn rows)."""
+  t, g = batch.turns_per_episode, batch.group_size
+  rows, width = jnp.shape(batch.anchor_hashes)
+  if width != 1:
+    raise ValueError(f"compute_gigpo: with turn rows Batch.anchor_hashes must "
+                     f"be [B, 1] (the row's turn); got shape {(rows, width)}.")
+  m = mask_of(batch)
+  per_turn = lambda x: x.reshape(-1, g, t)  # noqa: E731  [N, G, T]
+  tmask = jnp.any(m > 0, axis=1)
+  out = per_group(
+      episode_scores(batch).reshape(-1, g),
+      per_turn(jnp.sum(_f32(batch.rewards) * m, axis=1)),
+      per_turn(jnp.asarray(batch.anchor_hashes)[:, 0]), per_turn(tmask),
+      episode_valid(batch).reshape(-1, g))
+  adv = out.advantages.reshape(-1)[:, None] * m
+  batch = add_metrics(batch, **{"gigpo/anchor_group_size": _masked_mean(
+      out.anchor_group_size.reshape(-1), tmask.astype(jnp.float32))})
+  return _adv_metrics(batch.replace(advantages=adv), adv)
 
 
 def whiten_advantages(shift_mean: bool = True) -> Transform:
@@ -320,11 +437,11 @@ def filter_rollouts(mode: str = "top_fraction", value: float = 0.25,
 
   def fn(batch):
     require(batch, ("loss_mask",), "filter_rollouts")
-    scores = trajectory_scores(batch)
+    batch = drop_nonfinite_episodes(batch)
     res = losses.filter_groups(
-        losses.as_groups("scores", scores, batch.group_size), mode, value,
-        include_zero)
-    keep = res.keep_rows
+        losses.as_groups("scores", episode_scores(batch), batch.group_size),
+        mode, value, include_zero)
+    keep = to_rows(res.keep_rows, batch.turns_per_episode)
     if batch.keep is not None:
       require(batch, ("keep",), "filter_rollouts")
       keep = keep & jnp.asarray(batch.keep, jnp.bool_)
@@ -346,8 +463,11 @@ def _add_token_rewards(batch, extra_bs):
   """Adds per-token rewards, keeping explicit ``scores`` consistent."""
   rewards = _f32(batch.rewards) + extra_bs
   if batch.scores is not None:
-    scores = _f32(batch.scores) + jnp.sum(extra_bs * mask_of(batch), axis=1)
-    return batch.replace(rewards=rewards, scores=scores)
+    extra = jnp.sum(extra_bs * mask_of(batch), axis=1)
+    t = batch.turns_per_episode
+    if t > 1:  # the episode's score changes by the sum over its rows
+      extra = to_rows(jnp.sum(extra.reshape(-1, t), axis=1), t)
+    return batch.replace(rewards=rewards, scores=_f32(batch.scores) + extra)
   return batch.replace(rewards=rewards)
 
 
@@ -384,6 +504,11 @@ def penalize_format(penalty: float = losses.FORMAT_PENALTY) -> Transform:
   def fn(batch):
     require(batch, ("rewards", "loss_mask", "turn_ids", "format_valid"),
             "penalize_format")
+    if batch.turns_per_episode > 1:
+      raise ValueError("penalize_format: Batch.turns_per_episode > 1 (turn "
+                       "rows) is not supported; the rollout adds the format "
+                       "penalty (RolloutConfig.format_penalty).")
+    batch = drop_nonfinite_episodes(batch)
     t = jnp.shape(batch.format_valid)[1]
     m = mask_of(batch)
     ids = jnp.asarray(batch.turn_ids, jnp.int32)
@@ -425,9 +550,12 @@ def normalize_rewards(eps: float = 1e-8) -> Transform:
 
   def update(batch, state):
     require(batch, ("rewards", "loss_mask"), "normalize_rewards")
-    scores = trajectory_scores(batch)
-    rows = jnp.sum(mask_of(batch), axis=1) > 0
-    state = losses.running_norm_update(scores, state, rows)
+    batch = drop_nonfinite_episodes(batch)
+    t = batch.turns_per_episode
+    trained = jnp.sum(mask_of(batch), axis=1) > 0
+    state = losses.running_norm_update(  # one score per episode
+        episode_scores(batch), state,
+        jnp.any(trained.reshape(-1, t), axis=1) if t > 1 else trained)
     scale = losses.running_norm_apply(jnp.ones(()), state, eps=eps)
     batch = batch.replace(rewards=_f32(batch.rewards) * scale)
     if batch.scores is not None:
@@ -488,6 +616,7 @@ def kl_reward_penalty(coef: float = 0.001, estimator: str = "k1",
   def update(batch, state):
     require(batch, ("rewards", "loss_mask", "old_logprobs", "ref_logprobs"),
             "kl_reward_penalty")
+    batch = drop_nonfinite_episodes(batch)
     m = mask_of(batch)
     kl = losses.kl_penalty(batch.old_logprobs, batch.ref_logprobs, estimator)
     kl = jax.lax.stop_gradient(kl) * m

@@ -68,18 +68,30 @@ class TrainStepTest(chex.TestCase):
     self.assertFalse(np.array_equal(state.rng, self.state.rng))
     self.assertEqual(int(state.opt_state[1][0].count), 4)
 
-  def test_nonfinite_updates_are_skipped_and_counted(self):
+  def test_nonfinite_rewards_drop_their_episodes_and_the_rest_trains(self):
     bad = REWARDS.copy()
     bad[0] = np.nan  # group 0 (rows 0-3)
     bad[5] = np.inf  # group 1 (rows 4-7)
     state, m = train.train_step(self.state, _batch(bad), objective=OBJ,
                                 config=TC)
-    self.assertTrue(_leaves_equal(state.params, self.state.params))
-    self.assertTrue(_leaves_equal(state.opt_state, self.state.opt_state))
-    self.assertEqual(int(state.skipped_nonfinite), 4)
-    self.assertEqual(int(state.num_updates), 0)
-    self.assertEqual(float(m["train/updates_nonfinite"]), 4.0)
-    self.assertEqual(float(m["train/skipped_nonfinite_total"]), 4.0)
+    # The two episodes are dropped (counted), the others update as usual.
+    self.assertEqual(float(m["rollout/nonfinite_episodes"]), 2.0)
+    self.assertEqual(int(state.num_updates), 4)
+    self.assertEqual(int(state.skipped_nonfinite), 0)
+    self.assertEqual(float(m["train/updates_applied"]), 4.0)
+    self.assertFalse(_leaves_equal(state.params, self.state.params))
+    for leaf in jax.tree.leaves(state.params):
+      self.assertTrue(np.all(np.isfinite(np.asarray(leaf))))
+    # The same update as marking those rows invalid by hand.
+    by_hand = _batch(np.where(np.isfinite(bad), bad, 0.0))
+    valid = np.isfinite(bad)
+    by_hand = by_hand.replace(row_valid=valid,
+                              loss_mask=by_hand.loss_mask * valid[:, None])
+    want, _ = train.train_step(self.state, by_hand, objective=OBJ, config=TC)
+    chex.assert_trees_all_close(state.params, want.params, atol=1e-6)
+
+  def test_nonfinite_updates_are_skipped_and_counted(self):
+    state = self.state
     # Only row 0 bad (a non-finite sampler log-prob, which no advantage
     # spreads to its group): its minibatch (strided: rows 0, 2, 4, 6) is
     # skipped in both epochs, the other (rows 1, 3, 5, 7) applies.
@@ -88,7 +100,9 @@ class TrainStepTest(chex.TestCase):
     state, m = train.train_step(
         state, _batch(REWARDS).replace(sampler_logprobs=old), objective=OBJ,
         config=TC.replace(old_logprobs="sampler"))
-    self.assertEqual(int(state.skipped_nonfinite), 6)
+    self.assertEqual(int(state.skipped_nonfinite), 2)
+    self.assertEqual(float(m["train/updates_nonfinite"]), 2.0)
+    self.assertEqual(float(m["train/skipped_nonfinite_total"]), 2.0)
     self.assertEqual(int(state.num_updates), 2)
     self.assertTrue(np.isfinite(float(m["train/grad_norm"])))
     # The next finite step applies everything.
