@@ -130,7 +130,16 @@ class Trajectory:
     ``format_valid`` is NOT: the rollout already put the format penalty into
     the rewards (as RAGEN does), and an objective's ``penalize_format`` stage
     would add it a second time.
+
+    Raises:
+      ValueError: a bounded-history trajectory (``history_turns >= 0``): its
+        per-turn rows need the episode fields broadcast to rows, which this
+        one-row-per-episode mapping does not do.
     """
+    if self.history_turns >= 0:
+      raise ValueError(
+          f"Trajectory.to_batch: history_turns={self.history_turns} lays out one row per "
+          "turn; the one-row-per-episode Batch does not apply to it")
     return _batch.Batch(
         tokens=self.tokens, loss_mask=self.loss_mask, sampler_logprobs=self.logprobs,
         rewards=self.token_rewards, scores=self.scores, terminated=self.terminated,
