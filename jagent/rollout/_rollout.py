@@ -12,6 +12,17 @@ records the turn's reward (RAGEN's protocol, ``ragen/llm_agent/ctx_manager.py``)
 Finished episodes stop generating (masked rows); an episode whose next turn
 would not fit in the context ends as truncated with reason
 ``CONTEXT_OVERFLOW``.
+
+With ``RolloutConfig.history_turns = k >= 0`` (RAGEN's ``context_window_mode``
+with ``max_context_window``) every turn is its own row of S tokens, ``S =
+first_width + N + min(k, max_turns - 1) * (next_width + N)``: per episode the
+program keeps the token segments already rendered or sampled at each turn
+([B, T, W] buffers: the opening prompt, the later-turn prompt, the reply),
+scatters the window ``[opening at turn t - k | prompts and replies of the k
+turns before t | turn t's prompt]`` into a fresh [B, S] row, prefills it from
+an empty KV cache and samples turn t's reply after it. Nothing is
+re-tokenized and nothing leaves the device; see :class:`Trajectory` for the
+layout.
 """
 
 from __future__ import annotations
@@ -150,6 +161,31 @@ def _scatter_rows(buf, start, values, count):
   return buf.at[rows, cols].set(values.astype(buf.dtype), mode="drop")
 
 
+def check_context_size(text_env: _text.TextEnv, config: RolloutConfig) -> int:
+  """S (:func:`context_size`), checked to hold one row of ``config``'s layout.
+
+  Raises:
+    ValueError: naming ``RolloutConfig.context_size`` (and
+      ``RolloutConfig.history_turns``): S cannot hold turn 1's prompt and one
+      reply, or (``history_turns >= 0``) the opening, k later turns and
+      their replies.
+  """
+  s_max = context_size(text_env, config)
+  n_max = config.max_tokens_per_turn
+  if text_env.first_width + n_max > s_max:
+    raise ValueError(
+        f"RolloutConfig.context_size={s_max} cannot hold turn 1's prompt "
+        f"({text_env.first_width} tokens) plus max_tokens_per_turn={n_max}")
+  if config.history_turns >= 0 and s_max < min_context_size(text_env, config):
+    raise ValueError(
+        f"RolloutConfig.context_size={s_max} cannot hold a row of "
+        f"RolloutConfig.history_turns={config.history_turns}: the opening prompt "
+        f"({text_env.first_width} tokens), {_turns_per_row(config) - 1} later turns "
+        f"({text_env.next_width} prompt tokens each) and their replies "
+        f"(max_tokens_per_turn={n_max} each) need {min_context_size(text_env, config)}")
+  return s_max
+
+
 def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfig,
                  config: RolloutConfig, env_params: Any = None
                  ) -> Callable[..., tj.Trajectory]:
@@ -177,19 +213,8 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
   if tok.vocab_size > model_config.vocab_size:
     raise ValueError(f"tokenizer vocab_size {tok.vocab_size} > model vocab_size "
                      f"{model_config.vocab_size}")
-  s_max = context_size(text_env, config)
+  s_max = check_context_size(text_env, config)
   n_max = config.max_tokens_per_turn
-  if text_env.first_width + n_max > s_max:
-    raise ValueError(
-        f"RolloutConfig.context_size={s_max} cannot hold turn 1's prompt "
-        f"({text_env.first_width} tokens) plus max_tokens_per_turn={n_max}")
-  if config.history_turns >= 0 and s_max < min_context_size(text_env, config):
-    raise ValueError(
-        f"RolloutConfig.context_size={s_max} cannot hold a row of "
-        f"RolloutConfig.history_turns={config.history_turns}: the opening prompt "
-        f"({text_env.first_width} tokens), {_turns_per_row(config) - 1} later turns "
-        f"({text_env.next_width} prompt tokens each) and their replies "
-        f"(max_tokens_per_turn={n_max} each) need {min_context_size(text_env, config)}")
   env = text_env.env
   env_params = text_env.env_params if env_params is None else env_params
   spec = text_env.parse_spec()
@@ -310,12 +335,27 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
                 actions=zi, num_turns=zi, eos=zb, last_reward=jnp.zeros((b_size,), jnp.float32))
     return turn_bufs, rows
 
-  def rollout(params, key, reset_keys=None):
+  def initial_states(key, reset_keys):
+    """The sampling and env keys, and the B initial states (group-major)."""
     k_reset, k_sample, k_env = jax.random.split(key, 3)
     if reset_keys is None:
       reset_keys = jax.random.split(k_reset, config.num_groups)
     row_keys = jnp.repeat(reset_keys, g_size, axis=0)
     _, state = jax.vmap(env.reset, in_axes=(0, None))(row_keys, env_params)
+    return k_sample, k_env, state
+
+  def episode_fields(turn_bufs, rows):
+    """The per-turn [B, T] and per-episode [B] fields of the Trajectory."""
+    return dict(
+        scores=jnp.sum(turn_bufs["turn_rewards"], axis=1), num_turns=rows["num_turns"],
+        num_actions=rows["actions"], success=rows["success"], terminated=rows["terminated"],
+        truncated=rows["truncated"], end_reason=rows["end_reason"],
+        overflow=rows["end_reason"] == tj.CONTEXT_OVERFLOW,
+        group_ids=jnp.arange(b_size, dtype=jnp.int32) // g_size, group_size=g_size,
+        **turn_bufs)
+
+  def rollout(params, key, reset_keys=None):
+    k_sample, k_env, state = initial_states(key, reset_keys)
     cache = _transformer.init_cache(model_config, b_size, s_max)
     bufs = (jnp.full((b_size, s_max), pad_id, jnp.int32),
             jnp.zeros((b_size, s_max), bool),
@@ -356,13 +396,8 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
     return tj.Trajectory(
         tokens=tokens, loss_mask=mask, logprobs=logps, turn_ids=turn_ids,
         token_rewards=tok_rewards, length=cache.lengths,
-        scores=jnp.sum(turn_bufs["turn_rewards"], axis=1), num_turns=rows["num_turns"],
-        num_actions=rows["actions"], success=rows["success"], terminated=rows["terminated"],
-        truncated=rows["truncated"], end_reason=rows["end_reason"],
-        overflow=rows["end_reason"] == tj.CONTEXT_OVERFLOW,
-        group_ids=jnp.arange(b_size, dtype=jnp.int32) // g_size,
         row_valid=jnp.ones((b_size,), bool), row_episode=jnp.arange(b_size, dtype=jnp.int32),
-        row_turn=jnp.zeros((b_size,), jnp.int32), group_size=g_size, **turn_bufs)
+        row_turn=jnp.zeros((b_size,), jnp.int32), **episode_fields(turn_bufs, rows))
 
   if config.history_turns < 0:
     return jax.jit(rollout)
@@ -452,11 +487,7 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
     return (state, segs, outs, turn_bufs, rows, step_key)
 
   def windowed(params, key, reset_keys=None):
-    k_reset, k_sample, k_env = jax.random.split(key, 3)
-    if reset_keys is None:
-      reset_keys = jax.random.split(k_reset, config.num_groups)
-    row_keys = jnp.repeat(reset_keys, g_size, axis=0)
-    _, state = jax.vmap(env.reset, in_axes=(0, None))(row_keys, env_params)
+    k_sample, k_env, state = initial_states(key, reset_keys)
     bt = (b_size, t_max)
     segs = dict(first=jnp.full(bt + (wu,), pad_id, jnp.int32), first_len=jnp.zeros(bt, jnp.int32),
                 next=jnp.full(bt + (wu,), pad_id, jnp.int32), next_len=jnp.zeros(bt, jnp.int32),
@@ -476,13 +507,7 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
     r_size = b_size * t_max
     flat = {f: v.reshape((r_size,) + v.shape[2:]) for f, v in outs.items()}
     r = jnp.arange(r_size, dtype=jnp.int32)
-    return tj.Trajectory(
-        scores=jnp.sum(turn_bufs["turn_rewards"], axis=1), num_turns=rows["num_turns"],
-        num_actions=rows["actions"], success=rows["success"], terminated=rows["terminated"],
-        truncated=rows["truncated"], end_reason=rows["end_reason"],
-        overflow=rows["end_reason"] == tj.CONTEXT_OVERFLOW,
-        group_ids=jnp.arange(b_size, dtype=jnp.int32) // g_size,
-        logprobs=flat.pop("logprobs"), row_episode=r // t_max, row_turn=r % t_max,
-        group_size=g_size, history_turns=k_hist, **flat, **turn_bufs)
+    return tj.Trajectory(row_episode=r // t_max, row_turn=r % t_max,
+                         history_turns=k_hist, **flat, **episode_fields(turn_bufs, rows))
 
   return jax.jit(windowed)

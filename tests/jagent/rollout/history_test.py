@@ -109,6 +109,23 @@ class HistoryReferenceTest(parameterized.TestCase):
     self.assertIn(text_env.conversation.instructions, text)
     self.assertLessEqual(int(np.max(device.length)), rollout.context_size(text_env, config))
 
+  def test_sampled_eos_ends_each_history_reply_once(self):
+    # Replies that end with a sampled EOS (no </answer>: format penalties):
+    # in the window the next prompt omits the EOS, as in the full layout.
+    config = rollout.RolloutConfig(num_groups=1, group_size=2, max_turns=3,
+                                   max_tokens_per_turn=16, greedy=True, history_turns=2)
+    params = rt.bigram_params("<answer>Up || Left", eos=True)
+    prompt = rollout.PromptConfig.compact(think=False)
+    _, device, ref = run_both("Sokoban-6x6-1box-v0", params, prompt, config)
+    assert_same(device, ref)
+    check_rows(self, device, 2)
+    tokens, mask = np.asarray(device.tokens), np.asarray(device.loss_mask)
+    for row in range(6):
+      self.assertEqual(tokens[row][mask[row]][-1], rt.TOK.eos_id)
+      text = rt.TOK.decode(tokens[row, :device.length[row]])
+      self.assertEqual(text.count("<|im_end|>"), 2 * (row % 3) + 3)  # system, users, replies
+      self.assertNotIn("<|im_end|><|im_end|>", text)
+
   def test_random_think_replies_equal_reencoding_host_loop_and_forward_logprobs(self):
     # Arbitrary replies: sampled EOS (the next prompt omits it), long replies,
     # format penalties, all inside windows of 1 history turn.
@@ -152,9 +169,11 @@ class HistoryConfigTest(absltest.TestCase):
     full = rollout.context_size(text_env, dataclasses.replace(config, history_turns=-1))
     self.assertEqual(
         rollout.context_size(text_env, dataclasses.replace(config, history_turns=7)), full)
+    short = dataclasses.replace(config, context_size=need - 1)
     with self.assertRaisesRegex(ValueError, "context_size.*history_turns"):
-      rollout.make_rollout(text_env, rt.MICRO,
-                           dataclasses.replace(config, context_size=need - 1))
+      rollout.make_rollout(text_env, rt.MICRO, short)
+    with self.assertRaisesRegex(ValueError, "context_size.*history_turns"):
+      rollout.demonstrations(text_env, key=jax.random.key(0), config=short)
 
   def test_demonstrations_in_the_same_mode(self):
     env, _ = envs_jax.make("Sokoban-6x6-1box-v0")
