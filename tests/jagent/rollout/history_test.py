@@ -19,8 +19,11 @@ import numpy as np
 import pytest
 
 import envs_jax
+from experiments import common
+from experiments.configs import tiny
 from jagent import models
 from jagent import rollout
+from jagent import train
 from tests.jagent.rollout import rollout_test as rt
 
 ROW_FIELDS = ("row_valid", "row_episode", "row_turn")
@@ -189,6 +192,24 @@ class HistoryConfigTest(absltest.TestCase):
       text = rt.TOK.decode(np.asarray(demo.tokens[row, :demo.length[row]]))
       self.assertEqual(text.count("<|im_start|>assistant"), 1)
       self.assertIn(f"Turn {row % T + 1}:", text)
+    # The workdir's samples: one text per episode, each turn's context in it.
+    samples = train.decode_samples(demo, rt.TOK, num=5)
+    self.assertLen(samples, 2)
+    for b, sample in enumerate(samples):
+      turns = int(demo.num_turns[b])
+      self.assertEqual(sample["turns"], turns)
+      self.assertEqual(sample["text"].count("=== turn "), turns)
+      self.assertEqual(sample["text"].count("<|im_start|>system"), turns)
+
+  def test_experiments_config_field(self):
+    config = tiny.get_config()
+    self.assertEqual(common.rollout_config(config).history_turns, -1)
+    config.rollout.history_turns = 0
+    self.assertEqual(common.rollout_config(config).history_turns, 0)
+    self.assertEqual(common.eval_rollout_config(config).history_turns, 0)
+    config.rollout.history_turns = -3
+    with self.assertRaisesRegex(ValueError, "config.rollout.history_turns=-3"):
+      common.rollout_config(config)
 
 
 if __name__ == "__main__":
