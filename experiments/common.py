@@ -113,9 +113,11 @@ def rollout_config(config) -> rollout.RolloutConfig:
   """
   r = config.rollout
   return _named(rollout.RolloutConfig, {
-      f: (f"rollout.{f}", r[f]) for f in ("num_groups", "group_size", "max_turns",
-                                          "max_tokens_per_turn", "max_actions_per_traj",
-                                          "temperature")})
+      **{f: (f"rollout.{f}", r[f]) for f in ("num_groups", "group_size", "max_turns",
+                                             "max_tokens_per_turn", "max_actions_per_traj",
+                                             "temperature")},
+      # Absent in runs saved before the field: the full history.
+      "history_turns": ("rollout.history_turns", r.get("history_turns", -1))})
 
 
 def train_config(config, model_config: models.ModelConfig,
@@ -160,7 +162,8 @@ def eval_rollout_config(config, *, temperature: float | None = None, greedy: boo
       "temperature": ("eval.temperature",
                       config.eval.temperature if temperature is None else temperature),
       **{f: (f"rollout.{f}", r[f]) for f in ("max_turns", "max_tokens_per_turn",
-                                             "max_actions_per_traj")}},
+                                             "max_actions_per_traj")},
+      "history_turns": ("rollout.history_turns", r.get("history_turns", -1))},
                 group_size=group_size, greedy=greedy, context_size=context_size)
 
 

@@ -2,7 +2,8 @@ r"""Multi-turn rollout throughput: the on-device rollout vs host-loop baselines.
 
     python -m experiments.benchmarks.rollout [--env=Sokoban-6x6-1box-v0] \
         [--num_groups=8] [--group_size=16] [--max_turns=5] \
-        [--max_tokens_per_turn=32] [--model=tiny] [--repeats=3]
+        [--max_tokens_per_turn=32] [--model=tiny] [--repeats=3] \
+        [--history_turns=0,2]
 
 Same model (``--model``, random weights), tokenizer (the tiny one), prompt
 (``PromptConfig.compact()``, think mode), batch ``B = num_groups x
@@ -22,6 +23,11 @@ length is printed so the rates compare equal work. Rows:
 - ``host incremental``: the same host loop with ``reencode=False`` (KV cache
   kept, only the new turn's tokens tokenized and prefilled; host env stepping
   and host parsing);
+- ``on-device, history_turns=k`` (one row per k of ``--history_turns``):
+  the same program with bounded-history contexts
+  (``RolloutConfig.history_turns``): one row per turn, its window of the
+  last k turns assembled on device and prefilled from an empty cache, with
+  its own (shorter) context size;
 - ``sampler only``: ``max_turns`` calls of :func:`jagent.models.generate` on
   the same shapes inside one jit, no environment, rendering or parsing: an
   estimate of the model's share of the on-device time.
@@ -39,6 +45,7 @@ summary line and one JSON line. Speed is measured here, never in tests.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -68,6 +75,9 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per row; the best is 
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and of the rollout key.")
 _VERIFY = flags.DEFINE_integer("verify_states", 64,
                                "States TextEnv checks against the tokenizer at build.")
+_HISTORY = flags.DEFINE_list(
+    "history_turns", [], "Extra on-device rows with RolloutConfig.history_turns = each k "
+    "(>= 0), e.g. 0,2; the first row is always the full history (-1).")
 _SAMPLER = flags.DEFINE_bool("sampler_only", True,
                              "Also time the sampler alone on the same shapes.")
 
@@ -192,12 +202,22 @@ def sampler_only(params, model_config, text_env, config, s_max):
 
 def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: int,
         max_tokens_per_turn: int, repeats: int, seed: int = 0, verify_states: int = 64,
-        with_sampler: bool = True) -> dict[str, Any]:
+        with_sampler: bool = True, history_turns=()) -> dict[str, Any]:
   """Builds the model, env and rollouts, times every row; returns the results.
 
+  ``history_turns``: k >= 0 of the extra bounded-history on-device rows.
+
   Raises:
-    ValueError: a bad size, repeat count, model or env name (before compiling).
+    ValueError: a bad size, repeat count, model, env name or history_turns
+      (before compiling).
   """
+  try:
+    history_turns = [int(k) for k in history_turns]
+  except ValueError:
+    raise ValueError(f"--history_turns={history_turns!r}: must be ints >= 0") from None
+  if any(k < 0 for k in history_turns):
+    raise ValueError(f"--history_turns={history_turns!r}: must be ints >= 0 (-1, the full "
+                     "history, is always the first row)")
   if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
     raise ValueError(f"--repeats={repeats!r}: must be an int >= 1")
   if model not in models.config_names():
@@ -232,6 +252,12 @@ def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: in
                                   model_config=model_config, config=config,
                                   context_size=s_max, reencode=reencode)
     rows.append(warm_up(name, host))
+  contexts = {}
+  for k in history_turns:
+    k_config = dataclasses.replace(config, history_turns=k)
+    contexts[k] = rollout.context_size(text_env, k_config)
+    fn = rollout.make_rollout(text_env, model_config, k_config, env_params)
+    rows.append(warm_up(f"on-device, history_turns={k}", lambda fn=fn: fn(params, key)))
   time_rounds(rows, repeats)
   if with_sampler:
     rows[1]["share_of_device"] = rows[1]["seconds"] / rows[0]["seconds"]
@@ -246,6 +272,7 @@ def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: in
   return dict(model=model, env=env_id, batch=config.batch_size, num_groups=num_groups,
               group_size=group_size, max_turns=max_turns,
               max_tokens_per_turn=max_tokens_per_turn, context_size=s_max,
+              history_context_sizes=contexts,
               first_width=text_env.first_width, next_width=text_env.next_width,
               repeats=repeats, rows=rows, ratios=ratios, compiled_memory=memory,
               device_peak_mb=device_peak, backend=jax.default_backend(),
@@ -274,6 +301,8 @@ def report(res: dict[str, Any]) -> None:
           f"{_fmt(r['env_turns'], 'd'):>10s}{_fmt(r['turns_per_s'], ',.1f'):>10s}"
           f"{_fmt(r['tokens'], 'd'):>8s}{_fmt(r['tokens_per_s'], ',.0f'):>10s}"
           f"{_fmt(r['mean_reply'], '.1f'):>11s}{r['peak_rss_mb']:12.0f}")
+  for k, s in res.get("history_context_sizes", {}).items():
+    print(f"history_turns={k}: context {s} tokens a row, one row per turn")
   q = res["ratios"]
   print(f"on-device / host re-encode (RAGEN-style, the issue's baseline): "
         f"{q['turns_vs_ragen']:.2f}x env turns/s, {q['tokens_vs_ragen']:.2f}x tokens/s")
@@ -305,7 +334,7 @@ def main(argv):
   del argv
   report(run(_MODEL.value, _ENV.value, _GROUPS.value, _GROUP_SIZE.value, _TURNS.value,
              _TOKENS.value, _REPEATS.value, seed=_SEED.value, verify_states=_VERIFY.value,
-             with_sampler=_SAMPLER.value))
+             with_sampler=_SAMPLER.value, history_turns=_HISTORY.value))
 
 
 if __name__ == "__main__":

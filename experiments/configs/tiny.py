@@ -67,7 +67,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rollout = ml_collections.ConfigDict(dict(
       num_groups=8, group_size=8, max_turns=game.max_turns,
       max_tokens_per_turn=game.max_tokens_per_turn,
-      max_actions_per_traj=game.max_actions_per_traj, temperature=1.0))
+      max_actions_per_traj=game.max_actions_per_traj, temperature=1.0,
+      # -1: each episode is one sequence; k >= 0: one row per turn with the
+      # last k turns as context (RAGEN's max_context_window; 0 = single_turn).
+      history_turns=-1))
 
   # 800 steps: SFT sits at uniform actions for a few hundred steps before the
   # policy starts reading the grid (docs/results.md).

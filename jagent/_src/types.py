@@ -42,4 +42,5 @@ SHAPE_LETTERS: dict[str, str] = {
     "V": "vocab",
     "L": "layers",
     "A": "actions",
+    "R": "token rows of a trajectory (B, or B * T with a bounded history)",
 }

@@ -201,7 +201,8 @@ def demonstrations(
 
   Raises:
     ValueError: ``actions_per_turn`` above the prompt's
-      ``max_actions_per_turn``; a bad ``num_groups``; the errors of
+      ``max_actions_per_turn``; a bad ``num_groups``; a context too short
+      for ``config.history_turns`` (as :func:`make_rollout`); the errors of
       :func:`make_expert` and :func:`expert_rollout` (e.g. a reply longer
       than ``config.max_tokens_per_turn``).
   """
@@ -212,6 +213,8 @@ def demonstrations(
       1 <= actions_per_turn <= max_k):
     raise ValueError(f"demonstrations: actions_per_turn={actions_per_turn!r} must be an "
                      f"int in [1, PromptConfig.max_actions_per_turn={max_k}]")
+  if config.history_turns >= 0:  # a window that cannot fit fails here, as in make_rollout
+    _rollout.check_context_size(text_env, config)
   env = text_env.env
   if expert is None:
     expert = make_expert(env, think=text_env.prompt.think, actions_per_turn=actions_per_turn)

@@ -293,13 +293,20 @@ def _play(replier: _Replier, key, envs, conversation, *, config, context_size, p
   reset_key = _key_rows(reset_keys)
   states = [envs[b].reset(reset_key(b // g)) for b in range(b_size)]
 
-  seq = [[] for _ in range(b_size)]  # the token sequence of each row
+  k_hist = config.history_turns
+  window = k_hist >= 0
+  r_size = b_size * t_max if window else b_size
+  seq = [[] for _ in range(b_size)]  # the token sequence of each episode's current row
+  row_seq = [[] for _ in range(r_size)]
   text_segments = [[] for _ in range(b_size)]  # alternating prompt text / reply ids
+  # Bounded history: per episode and turn, (opening text, prompt text, reply ids).
+  hist = [[] for _ in range(b_size)]
   out = dict(
-      loss_mask=np.zeros((b_size, context_size), bool),
-      logprobs=np.zeros((b_size, context_size), np.float32),
-      turn_ids=np.full((b_size, context_size), -1, np.int32),
-      token_rewards=np.zeros((b_size, context_size), np.float32))
+      loss_mask=np.zeros((r_size, context_size), bool),
+      logprobs=np.zeros((r_size, context_size), np.float32),
+      turn_ids=np.full((r_size, context_size), -1, np.int32),
+      token_rewards=np.zeros((r_size, context_size), np.float32))
+  row_valid = np.zeros(r_size, bool) if window else np.ones(r_size, bool)
   per_turn = {k: np.zeros((b_size, t_max), np.int32) for k in (
       "reply_lengths", "num_pieces", "num_valid", "num_executed", "num_effective",
       "anchor_hashes")}
@@ -317,13 +324,29 @@ def _play(replier: _Replier, key, envs, conversation, *, config, context_size, p
 
   for t in range(t_max):
     texts = []
+    openings = []
     for b in range(b_size):
       left = config.max_actions_per_traj - actions[b]
       texts.append(conversation.first_text(states[b], config.max_actions_per_traj) if t == 0
                    else conversation.next_text(states[b], t + 1, left, last_reward[b], eos[b]))
+      if window:
+        openings.append(conversation.first_text(states[b], left, t + 1))
     new = []
+    if window:  # every row starts afresh: its window is re-encoded from the texts
+      seq = [[] for _ in range(b_size)]
     for b in range(b_size):
-      if reencode:  # RAGEN: re-tokenize every text segment of the conversation
+      if window:  # RAGEN's ctx_manager: the last k turns' messages, re-encoded
+        w0 = max(0, t - k_hist)
+        segs = []
+        for j in range(w0, min(t, len(hist[b]))):
+          opening, prompt_text, reply = hist[b][j]
+          segs += [opening if j == w0 else prompt_text, reply]
+        segs.append(openings[b] if t == w0 else texts[b])
+        ids = []
+        for x in segs:
+          ids += tok.encode(x) if isinstance(x, str) else list(x)
+        new.append(ids)
+      elif reencode:  # RAGEN: re-tokenize every text segment of the conversation
         segs = text_segments[b] + [texts[b]]
         full = []
         for s in segs:
@@ -345,15 +368,20 @@ def _play(replier: _Replier, key, envs, conversation, *, config, context_size, p
     replies = []
     for b in range(b_size):
       if active[b]:
+        row = b * t_max + t if window else b
         seq[b] += new[b]
         s0 = len(seq[b])
         reply = reply_ids[b]
         n = len(reply)
         seq[b] += reply
+        row_seq[row] = seq[b]
+        row_valid[row] = True
         text_segments[b].append(reply)
-        out["loss_mask"][b, s0:s0 + n] = True
-        out["logprobs"][b, s0:s0 + n] = reply_lps[b]
-        out["turn_ids"][b, s0:s0 + n] = t
+        if window:
+          hist[b].append((openings[b], texts[b], list(reply)))
+        out["loss_mask"][row, s0:s0 + n] = True
+        out["logprobs"][row, s0:s0 + n] = reply_lps[b]
+        out["turn_ids"][row, s0:s0 + n] = t
         body = reply[:n - int(eos_now[b])]
         replies.append(b"".join(bytes(table[i, :table_len[i]]) for i in body))
       else:
@@ -391,7 +419,7 @@ def _play(replier: _Replier, key, envs, conversation, *, config, context_size, p
       r = np.float32(env_reward[b] + np.float32(0.0 if p["format_valid"]
                                                 else config.format_penalty))
       s_last = len(seq[b]) - 1
-      out["token_rewards"][b, s_last] = r
+      out["token_rewards"][b * t_max + t if window else b, s_last] = r
       per_turn["turn_rewards"][b, t] = r
       per_turn["reply_lengths"][b, t] = len(reply_ids[b])
       per_turn["format_valid"][b, t] = p["format_valid"]
@@ -411,14 +439,15 @@ def _play(replier: _Replier, key, envs, conversation, *, config, context_size, p
         reason[b] = (tj.TERMINATED if term[b] else tj.ENV_TRUNCATED if trunc[b] else
                      tj.ACTION_BUDGET if actions[b] >= config.max_actions_per_traj
                      else tj.MAX_TURNS)
-  tokens = np.full((b_size, context_size), pad, np.int32)
-  for b in range(b_size):
-    tokens[b, :len(seq[b])] = seq[b]
+  tokens = np.full((r_size, context_size), pad, np.int32)
+  for r in range(r_size):
+    tokens[r, :len(row_seq[r])] = row_seq[r]
+  rows = np.arange(r_size, dtype=np.int32)
   return tj.Trajectory(
       tokens=jnp.asarray(tokens), loss_mask=jnp.asarray(out["loss_mask"]),
       logprobs=jnp.asarray(out["logprobs"]), turn_ids=jnp.asarray(out["turn_ids"]),
       token_rewards=jnp.asarray(out["token_rewards"]),
-      length=jnp.asarray([len(s) for s in seq], jnp.int32),
+      length=jnp.asarray([len(s) for s in row_seq], jnp.int32),
       turn_rewards=jnp.asarray(per_turn["turn_rewards"]),
       scores=jnp.asarray(per_turn["turn_rewards"].sum(axis=1, dtype=np.float32)),
       num_turns=jnp.asarray(num_turns), reply_lengths=jnp.asarray(per_turn["reply_lengths"]),
@@ -431,7 +460,11 @@ def _play(replier: _Replier, key, envs, conversation, *, config, context_size, p
       num_actions=jnp.asarray(actions), success=jnp.asarray(success),
       terminated=jnp.asarray(terminated), truncated=jnp.asarray(truncated),
       end_reason=jnp.asarray(reason), overflow=jnp.asarray(reason == tj.CONTEXT_OVERFLOW),
-      group_ids=jnp.arange(b_size, dtype=jnp.int32) // g, group_size=g)
+      group_ids=jnp.arange(b_size, dtype=jnp.int32) // g,
+      row_valid=jnp.asarray(row_valid),
+      row_episode=jnp.asarray(rows // t_max if window else rows),
+      row_turn=jnp.asarray(rows % t_max if window else np.zeros_like(rows)),
+      group_size=g, history_turns=k_hist)
 
 
 def host_rollout(
@@ -466,12 +499,17 @@ def host_rollout(
     reset_keys: optional [num_groups] keys of the initial states.
     reencode: re-tokenize the whole conversation each turn and prefill it
       from an empty cache (RAGEN's way; the reference); False keeps the KV
-      cache across turns and prefills only the new tokens.
+      cache across turns and prefills only the new tokens. With
+      ``config.history_turns >= 0`` every row's window is re-encoded from its
+      texts (the opening, prompts and reply ids of the last k turns, as
+      RAGEN's ``ctx_manager.py`` builds its messages) and prefilled from an
+      empty cache, whatever ``reencode`` says.
     anchor_symbols: optional ``f(b) -> int array`` giving row b's state
       symbols for ``anchor_hashes`` (JAX environments); default hashes 0.
 
   Returns:
-    A :class:`Trajectory` with the fields of :func:`make_rollout`'s.
+    A :class:`Trajectory` with the fields and layout of :func:`make_rollout`'s
+    (``config.history_turns``: one row per episode, or per turn).
 
   Raises:
     ValueError: ``len(envs) != config.batch_size``.
@@ -481,7 +519,7 @@ def host_rollout(
   _, k_sample, _ = jax.random.split(key, 3)
   replier = _model_replier(params, k_sample, model_config=model_config, config=config,
                            conversation=conversation, context_size=context_size,
-                           reencode=reencode)
+                           reencode=reencode or config.history_turns >= 0)
   return _play(replier, key, envs, conversation, config=config, context_size=context_size,
                pad=pad, reset_keys=reset_keys, reencode=reencode,
                anchor_symbols=anchor_symbols)
@@ -528,7 +566,9 @@ def expert_rollout(
     pad_id: the padding id of ``tokens`` (default the tokenizer's, or 0).
 
   Returns:
-    A :class:`Trajectory` with the fields of :func:`make_rollout`'s.
+    A :class:`Trajectory` with the fields and layout of :func:`make_rollout`'s:
+    with ``config.history_turns >= 0`` one row per turn, each reply trained
+    in its own row after its bounded-history context.
 
   Raises:
     ValueError: ``len(envs) != config.batch_size``; the expert returned the

@@ -12,6 +12,17 @@ records the turn's reward (RAGEN's protocol, ``ragen/llm_agent/ctx_manager.py``)
 Finished episodes stop generating (masked rows); an episode whose next turn
 would not fit in the context ends as truncated with reason
 ``CONTEXT_OVERFLOW``.
+
+With ``RolloutConfig.history_turns = k >= 0`` (RAGEN's ``context_window_mode``
+with ``max_context_window``) every turn is its own row of S tokens, ``S =
+first_width + N + min(k, max_turns - 1) * (next_width + N)``: per episode the
+program keeps the token segments already rendered or sampled at each turn
+([B, T, W] buffers: the opening prompt, the later-turn prompt, the reply),
+scatters the window ``[opening at turn t - k | prompts and replies of the k
+turns before t | turn t's prompt]`` into a fresh [B, S] row, prefills it from
+an empty KV cache and samples turn t's reply after it. Nothing is
+re-tokenized and nothing leaves the device; see :class:`Trajectory` for the
+layout.
 """
 
 from __future__ import annotations
@@ -49,6 +60,14 @@ class RolloutConfig:
       (RAGEN's es_manager: -0.1). The one home of the format penalty: the
       trajectory's rewards hold it, and no objective adds it again
       (``jagent.train.trajectory_batch`` leaves ``format_valid`` out).
+    history_turns: k, the bounded history (RAGEN's ``context_window_mode`` /
+      ``max_context_window``, ``ragen/llm_agent/ctx_manager.py``). -1: one
+      sequence per episode holding every turn (RAGEN's ``full``). k >= 0:
+      each turn is its own row, whose context is the opening (system message
+      and the first user message's template, instructions included) at turn
+      ``max(0, t - k)``, then the later turns up to t exactly as in the full
+      conversation; k = 0 is RAGEN's ``single_turn``. See
+      :class:`Trajectory` for the row layout.
 
   Raises:
     ValueError: from ``__post_init__``, naming the bad field.
@@ -65,6 +84,7 @@ class RolloutConfig:
   top_p: float = 1.0
   greedy: bool = False
   format_penalty: float = -0.1
+  history_turns: int = -1
 
   def __post_init__(self):
     for name in ("num_groups", "group_size", "max_turns", "max_tokens_per_turn",
@@ -81,6 +101,10 @@ class RolloutConfig:
       # One sign everywhere: the (non-positive) reward added to a bad turn.
       raise ValueError(f"RolloutConfig.format_penalty={self.format_penalty!r}: must be a "
                        "finite float <= 0 (the reward added to a bad turn; RAGEN: -0.1)")
+    k = self.history_turns
+    if isinstance(k, bool) or not isinstance(k, int) or k < -1:
+      raise ValueError(f"RolloutConfig.history_turns={k!r}: must be an int >= -1 "
+                       "(-1: the full history; k >= 0: the last k turns)")
     self.sampling()  # validates temperature / top_k / top_p
 
   @property
@@ -96,12 +120,34 @@ class RolloutConfig:
         eos_ids=() if eos_id is None else (eos_id,), stop_strings=tuple(stop_strings))
 
 
+def _turns_per_row(config: RolloutConfig) -> int:
+  """Turns one token row holds at most: all of them, or the k history turns + 1."""
+  if config.history_turns < 0:
+    return config.max_turns
+  return min(config.history_turns + 1, config.max_turns)
+
+
+def min_context_size(text_env: _text.TextEnv, config: RolloutConfig) -> int:
+  """Room for the opening prompt and reply plus ``_turns_per_row - 1`` later turns.
+
+  The windowed opening (``history_turns >= 0``) is the first prompt's
+  template at the window's first turn, so a row is never longer than the
+  first ``history_turns + 1`` turns of a full conversation.
+  """
+  n = config.max_tokens_per_turn
+  return text_env.first_width + n + (_turns_per_row(config) - 1) * (text_env.next_width + n)
+
+
 def context_size(text_env: _text.TextEnv, config: RolloutConfig) -> int:
-  """S: ``config.context_size`` or room for ``max_turns`` full turns."""
+  """S: ``config.context_size`` or room for the turns of one row.
+
+  ``history_turns = -1``: ``max_turns`` full turns. ``k >= 0``: the
+  opening, k history turns, the current prompt and one reply (fewer when
+  ``max_turns <= k``).
+  """
   if config.context_size is not None:
     return config.context_size
-  n = config.max_tokens_per_turn
-  return text_env.first_width + n + (config.max_turns - 1) * (text_env.next_width + n)
+  return min_context_size(text_env, config)
 
 
 def _hash(symbols: jax.Array) -> jax.Array:
@@ -120,6 +166,31 @@ def _scatter_rows(buf, start, values, count):
   cols = jnp.where(jnp.arange(w)[None] < count[:, None], cols, buf.shape[1])
   rows = jnp.broadcast_to(jnp.arange(b)[:, None], cols.shape)
   return buf.at[rows, cols].set(values.astype(buf.dtype), mode="drop")
+
+
+def check_context_size(text_env: _text.TextEnv, config: RolloutConfig) -> int:
+  """S (:func:`context_size`), checked to hold one row of ``config``'s layout.
+
+  Raises:
+    ValueError: naming ``RolloutConfig.context_size`` (and
+      ``RolloutConfig.history_turns``): S cannot hold turn 1's prompt and one
+      reply, or (``history_turns >= 0``) the opening, k later turns and
+      their replies.
+  """
+  s_max = context_size(text_env, config)
+  n_max = config.max_tokens_per_turn
+  if text_env.first_width + n_max > s_max:
+    raise ValueError(
+        f"RolloutConfig.context_size={s_max} cannot hold turn 1's prompt "
+        f"({text_env.first_width} tokens) plus max_tokens_per_turn={n_max}")
+  if config.history_turns >= 0 and s_max < min_context_size(text_env, config):
+    raise ValueError(
+        f"RolloutConfig.context_size={s_max} cannot hold a row of "
+        f"RolloutConfig.history_turns={config.history_turns}: the opening prompt "
+        f"({text_env.first_width} tokens), {_turns_per_row(config) - 1} later turns "
+        f"({text_env.next_width} prompt tokens each) and their replies "
+        f"(max_tokens_per_turn={n_max} each) need {min_context_size(text_env, config)}")
+  return s_max
 
 
 def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfig,
@@ -149,12 +220,8 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
   if tok.vocab_size > model_config.vocab_size:
     raise ValueError(f"tokenizer vocab_size {tok.vocab_size} > model vocab_size "
                      f"{model_config.vocab_size}")
-  s_max = context_size(text_env, config)
+  s_max = check_context_size(text_env, config)
   n_max = config.max_tokens_per_turn
-  if text_env.first_width + n_max > s_max:
-    raise ValueError(
-        f"RolloutConfig.context_size={s_max} cannot hold turn 1's prompt "
-        f"({text_env.first_width} tokens) plus max_tokens_per_turn={n_max}")
   env = text_env.env
   env_params = text_env.env_params if env_params is None else env_params
   spec = text_env.parse_spec()
@@ -166,34 +233,9 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
   b_size, g_size, t_max = config.batch_size, config.group_size, config.max_turns
   k_actions = spec.max_actions_per_turn
 
-  def run_turn(params, carry, t, prompt, prompt_len, key):
-    (state, cache, bufs, turn_bufs, rows, step_key) = carry
-    tokens, mask, logps, turn_ids, tok_rewards = bufs
-    done = rows["done"]
-    active = ~done
-    width = prompt.shape[1]
-    pos = cache.lengths
-    # Context overflow (or a state rendering longer than its buffer).
-    fits = (pos + prompt_len + n_max <= s_max) & (prompt_len <= width)
-    overflow_now = active & ~fits
-    active = active & fits
-    rows = dict(rows)
-    rows["end_reason"] = jnp.where(overflow_now, tj.CONTEXT_OVERFLOW, rows["end_reason"])
-    rows["truncated"] = rows["truncated"] | overflow_now
-    done = done | overflow_now
-    anchor = _hash(jax.vmap(env.render_symbols)(state))
-    plen = jnp.where(active, prompt_len, 0)
-    tokens = _scatter_rows(tokens, pos, prompt, plen)
-    out = _sampling.generate(
-        params, prompt, plen, jax.random.fold_in(key, t), cache, config=model_config,
-        sampling=sampling, active=active,
-        token_table=(jnp.asarray(table_np), jnp.asarray(table_len_np)))
+  def play(state, rows, step_key, out, active, anchor, t):
+    """Parses one turn's replies, plays their actions and books the turn."""
     n = out.lengths
-    start = pos + plen
-    tokens = _scatter_rows(tokens, start, out.tokens, n)
-    mask = _scatter_rows(mask, start, jnp.ones_like(out.tokens, bool), n)
-    logps = _scatter_rows(logps, start, out.logprobs, n)
-    turn_ids = _scatter_rows(turn_ids, start, jnp.full_like(out.tokens, t), n)
     # Parse the reply (without a sampled EOS) and play its actions.
     parsed = _parse.parse_tokens(out.tokens, n - out.eos.astype(jnp.int32),
                                  jnp.asarray(table_np), jnp.asarray(table_len_np), spec,
@@ -223,9 +265,6 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
          zeros_i, step_key))
     turn_reward = jnp.where(
         active, env_reward + jnp.where(parsed.format_valid, 0.0, config.format_penalty), 0.0)
-    last = start + n - 1
-    tok_rewards = _scatter_rows(tok_rewards, jnp.maximum(last, 0), turn_reward[:, None],
-                                active.astype(jnp.int32))
     actions = rows["actions"] + used
     ended = active & (term | env_trunc | (actions >= config.max_actions_per_traj)
                       | (t == t_max - 1))
@@ -238,7 +277,7 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
     rows["success"] = rows["success"] | (active & succ)
     rows["actions"] = actions
     rows["num_turns"] = rows["num_turns"] + active.astype(jnp.int32)
-    rows["done"] = done | ended
+    rows["done"] = rows["done"] | ended
     rows["eos"] = out.eos
     rows["last_reward"] = turn_reward
     per_turn = dict(
@@ -248,22 +287,46 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
         num_valid=jnp.where(active, parsed.num_actions, 0),
         num_executed=used, num_effective=effective,
         anchor_hashes=jnp.where(active, anchor, 0))
+    return state, rows, step_key, turn_reward, per_turn
+
+  def run_turn(params, carry, t, prompt, prompt_len, key):
+    (state, cache, bufs, turn_bufs, rows, step_key) = carry
+    tokens, mask, logps, turn_ids, tok_rewards = bufs
+    done = rows["done"]
+    active = ~done
+    width = prompt.shape[1]
+    pos = cache.lengths
+    # Context overflow (or a state rendering longer than its buffer).
+    fits = (pos + prompt_len + n_max <= s_max) & (prompt_len <= width)
+    overflow_now = active & ~fits
+    active = active & fits
+    rows = dict(rows)
+    rows["end_reason"] = jnp.where(overflow_now, tj.CONTEXT_OVERFLOW, rows["end_reason"])
+    rows["truncated"] = rows["truncated"] | overflow_now
+    rows["done"] = done | overflow_now
+    anchor = _hash(jax.vmap(env.render_symbols)(state))
+    plen = jnp.where(active, prompt_len, 0)
+    tokens = _scatter_rows(tokens, pos, prompt, plen)
+    out = _sampling.generate(
+        params, prompt, plen, jax.random.fold_in(key, t), cache, config=model_config,
+        sampling=sampling, active=active,
+        token_table=(jnp.asarray(table_np), jnp.asarray(table_len_np)))
+    n = out.lengths
+    start = pos + plen
+    tokens = _scatter_rows(tokens, start, out.tokens, n)
+    mask = _scatter_rows(mask, start, jnp.ones_like(out.tokens, bool), n)
+    logps = _scatter_rows(logps, start, out.logprobs, n)
+    turn_ids = _scatter_rows(turn_ids, start, jnp.full_like(out.tokens, t), n)
+    state, rows, step_key, turn_reward, per_turn = play(state, rows, step_key, out, active, anchor, t)
+    last = start + n - 1
+    tok_rewards = _scatter_rows(tok_rewards, jnp.maximum(last, 0), turn_reward[:, None],
+                                active.astype(jnp.int32))
     turn_bufs = {k: v.at[:, t].set(per_turn[k].astype(v.dtype)) for k, v in turn_bufs.items()}
     bufs = (tokens, mask, logps, turn_ids, tok_rewards)
     return (state, out.cache, bufs, turn_bufs, rows, step_key)
 
-  def rollout(params, key, reset_keys=None):
-    k_reset, k_sample, k_env = jax.random.split(key, 3)
-    if reset_keys is None:
-      reset_keys = jax.random.split(k_reset, config.num_groups)
-    row_keys = jnp.repeat(reset_keys, g_size, axis=0)
-    _, state = jax.vmap(env.reset, in_axes=(0, None))(row_keys, env_params)
-    cache = _transformer.init_cache(model_config, b_size, s_max)
-    bufs = (jnp.full((b_size, s_max), pad_id, jnp.int32),
-            jnp.zeros((b_size, s_max), bool),
-            jnp.zeros((b_size, s_max), jnp.float32),
-            jnp.full((b_size, s_max), -1, jnp.int32),
-            jnp.zeros((b_size, s_max), jnp.float32))
+  def initial_books():
+    """Zero per-turn buffers [B, T] and per-episode bookkeeping [B]."""
     turn_bufs = dict(
         turn_rewards=jnp.zeros((b_size, t_max), jnp.float32),
         reply_lengths=jnp.zeros((b_size, t_max), jnp.int32),
@@ -277,6 +340,36 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
     zb = jnp.zeros((b_size,), bool)
     rows = dict(done=zb, end_reason=zi, terminated=zb, truncated=zb, success=zb,
                 actions=zi, num_turns=zi, eos=zb, last_reward=jnp.zeros((b_size,), jnp.float32))
+    return turn_bufs, rows
+
+  def initial_states(key, reset_keys):
+    """The sampling and env keys, and the B initial states (group-major)."""
+    k_reset, k_sample, k_env = jax.random.split(key, 3)
+    if reset_keys is None:
+      reset_keys = jax.random.split(k_reset, config.num_groups)
+    row_keys = jnp.repeat(reset_keys, g_size, axis=0)
+    _, state = jax.vmap(env.reset, in_axes=(0, None))(row_keys, env_params)
+    return k_sample, k_env, state
+
+  def episode_fields(turn_bufs, rows):
+    """The per-turn [B, T] and per-episode [B] fields of the Trajectory."""
+    return dict(
+        scores=jnp.sum(turn_bufs["turn_rewards"], axis=1), num_turns=rows["num_turns"],
+        num_actions=rows["actions"], success=rows["success"], terminated=rows["terminated"],
+        truncated=rows["truncated"], end_reason=rows["end_reason"],
+        overflow=rows["end_reason"] == tj.CONTEXT_OVERFLOW,
+        group_ids=jnp.arange(b_size, dtype=jnp.int32) // g_size, group_size=g_size,
+        **turn_bufs)
+
+  def rollout(params, key, reset_keys=None):
+    k_sample, k_env, state = initial_states(key, reset_keys)
+    cache = _transformer.init_cache(model_config, b_size, s_max)
+    bufs = (jnp.full((b_size, s_max), pad_id, jnp.int32),
+            jnp.zeros((b_size, s_max), bool),
+            jnp.zeros((b_size, s_max), jnp.float32),
+            jnp.full((b_size, s_max), -1, jnp.int32),
+            jnp.zeros((b_size, s_max), jnp.float32))
+    turn_bufs, rows = initial_books()
     # Turn 1's prompt is long: prefill all but its last token here, so that
     # every turn (traced once, in one loop) feeds at most next_width tokens.
     first, first_len = jax.vmap(text_env.first_prompt)(
@@ -310,11 +403,118 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
     return tj.Trajectory(
         tokens=tokens, loss_mask=mask, logprobs=logps, turn_ids=turn_ids,
         token_rewards=tok_rewards, length=cache.lengths,
-        scores=jnp.sum(turn_bufs["turn_rewards"], axis=1), num_turns=rows["num_turns"],
-        num_actions=rows["actions"], success=rows["success"], terminated=rows["terminated"],
-        truncated=rows["truncated"], end_reason=rows["end_reason"],
-        overflow=rows["end_reason"] == tj.CONTEXT_OVERFLOW,
-        group_ids=jnp.arange(b_size, dtype=jnp.int32) // g_size, group_size=g_size,
-        **turn_bufs)
+        row_valid=jnp.ones((b_size,), bool), row_episode=jnp.arange(b_size, dtype=jnp.int32),
+        row_turn=jnp.zeros((b_size,), jnp.int32), **episode_fields(turn_bufs, rows))
 
-  return jax.jit(rollout)
+  if config.history_turns < 0:
+    return jax.jit(rollout)
+
+  # Bounded history: every turn's row is assembled on device from the token
+  # segments rendered at earlier turns (openings, prompts, sampled replies),
+  # then prefilled from an empty cache: the window is short, and the KV of
+  # the previous row's tokens sits at other positions in the new row.
+  k_hist = config.history_turns
+  slots = min(k_hist, t_max - 1)  # history turns a row can hold
+  wf, wn = text_env.first_width, max(text_env.next_width, 1)
+  wu = max(wf, wn)
+  p_max = s_max - n_max  # the prompt part of a row
+
+  def windowed_turn(params, carry, t, key):
+    state, segs, outs, turn_bufs, rows, step_key = carry
+    left = config.max_actions_per_traj - rows["actions"]
+    turn = jnp.full((b_size,), t + 1, jnp.int32)
+    f_tok, f_len = jax.vmap(text_env.first_prompt)(state, left, turn)
+    x_tok, x_len = jax.vmap(text_env.next_prompt)(
+        state, turn, left, rows["last_reward"], rows["eos"])
+    pad_to = lambda a: jnp.pad(a, ((0, 0), (0, wu - a.shape[1])), constant_values=pad_id)
+    segs = dict(segs)
+    segs["first"] = segs["first"].at[:, t].set(pad_to(f_tok))
+    segs["first_len"] = segs["first_len"].at[:, t].set(f_len)
+    segs["next"] = segs["next"].at[:, t].set(pad_to(x_tok))
+    segs["next_len"] = segs["next_len"].at[:, t].set(x_len)
+    w0 = jnp.maximum(t - k_hist, 0)
+
+    def user(j):  # the prompt of turn j in this row: the opening, or as in full
+      opening = j == w0
+      toks = jnp.where(opening, segs["first"][:, j], segs["next"][:, j])
+      n = jnp.where(opening, segs["first_len"][:, j], segs["next_len"][:, j])
+      return toks, n, n <= jnp.where(opening, wf, wn)  # a rendering cut by its buffer
+
+    row = jnp.full((b_size, s_max), pad_id, jnp.int32)
+    off = jnp.zeros((b_size,), jnp.int32)
+    ok = jnp.ones((b_size,), bool)
+    for i in range(slots):
+      j = t - slots + i
+      taken = j >= 0
+      jj = jnp.maximum(j, 0)
+      toks, n, fit = user(jj)
+      n = jnp.where(taken, n, 0)
+      ok = ok & (fit | ~taken)
+      row = _scatter_rows(row, off, toks, n)
+      off = off + n
+      n = jnp.where(taken, segs["reply_len"][:, jj], 0)
+      row = _scatter_rows(row, off, segs["reply"][:, jj], n)
+      off = off + n
+    toks, n, fit = user(t)
+    row = _scatter_rows(row, off, toks, n)
+    plen = off + n
+    active = ~rows["done"]
+    fits = ok & fit & (plen + n_max <= s_max)
+    overflow_now = active & ~fits
+    active = active & fits
+    rows = dict(rows)
+    rows["end_reason"] = jnp.where(overflow_now, tj.CONTEXT_OVERFLOW, rows["end_reason"])
+    rows["truncated"] = rows["truncated"] | overflow_now
+    rows["done"] = rows["done"] | overflow_now
+    anchor = _hash(jax.vmap(env.render_symbols)(state))
+    plen = jnp.where(active, plen, 0)
+    row = jnp.where(active[:, None], row, pad_id)
+    out = _sampling.generate(
+        params, row[:, :p_max], plen, jax.random.fold_in(key, t),
+        _transformer.init_cache(model_config, b_size, s_max), config=model_config,
+        sampling=sampling, active=active,
+        token_table=(jnp.asarray(table_np), jnp.asarray(table_len_np)))
+    n = out.lengths
+    state, rows, step_key, turn_reward, per_turn = play(state, rows, step_key, out, active,
+                                                        anchor, t)
+    segs["reply"] = segs["reply"].at[:, t].set(out.tokens)
+    segs["reply_len"] = segs["reply_len"].at[:, t].set(n)
+    put = lambda buf, fill, vals, count, start=plen: _scatter_rows(
+        jnp.full((b_size, s_max), fill, buf.dtype), start, vals, count)
+    new = dict(
+        tokens=_scatter_rows(row, plen, out.tokens, n),
+        loss_mask=put(outs["loss_mask"], False, jnp.ones_like(out.tokens, bool), n),
+        logprobs=put(outs["logprobs"], 0.0, out.logprobs, n),
+        turn_ids=put(outs["turn_ids"], -1, jnp.full_like(out.tokens, t), n),
+        token_rewards=put(outs["token_rewards"], 0.0, turn_reward[:, None],
+                          active.astype(jnp.int32), jnp.maximum(plen + n - 1, 0)),
+        length=jnp.where(active, plen + n, 0), row_valid=active)
+    outs = {f: outs[f].at[:, t].set(new[f].astype(outs[f].dtype)) for f in outs}
+    turn_bufs = {k: v.at[:, t].set(per_turn[k].astype(v.dtype)) for k, v in turn_bufs.items()}
+    return (state, segs, outs, turn_bufs, rows, step_key)
+
+  def windowed(params, key, reset_keys=None):
+    k_sample, k_env, state = initial_states(key, reset_keys)
+    bt = (b_size, t_max)
+    segs = dict(first=jnp.full(bt + (wu,), pad_id, jnp.int32), first_len=jnp.zeros(bt, jnp.int32),
+                next=jnp.full(bt + (wu,), pad_id, jnp.int32), next_len=jnp.zeros(bt, jnp.int32),
+                reply=jnp.full(bt + (n_max,), pad_id, jnp.int32),
+                reply_len=jnp.zeros(bt, jnp.int32))
+    outs = dict(tokens=jnp.full(bt + (s_max,), pad_id, jnp.int32),
+                loss_mask=jnp.zeros(bt + (s_max,), bool),
+                logprobs=jnp.zeros(bt + (s_max,), jnp.float32),
+                turn_ids=jnp.full(bt + (s_max,), -1, jnp.int32),
+                token_rewards=jnp.zeros(bt + (s_max,), jnp.float32),
+                length=jnp.zeros(bt, jnp.int32), row_valid=jnp.zeros(bt, bool))
+    turn_bufs, rows = initial_books()
+    carry = (state, segs, outs, turn_bufs, rows, k_env)
+    carry = jax.lax.fori_loop(
+        0, t_max, lambda t, c: windowed_turn(params, c, t, k_sample), carry)
+    _, _, outs, turn_bufs, rows, _ = carry
+    r_size = b_size * t_max
+    flat = {f: v.reshape((r_size,) + v.shape[2:]) for f, v in outs.items()}
+    r = jnp.arange(r_size, dtype=jnp.int32)
+    return tj.Trajectory(row_episode=r // t_max, row_turn=r % t_max,
+                         history_turns=k_hist, **flat, **episode_fields(turn_bufs, rows))
+
+  return jax.jit(windowed)

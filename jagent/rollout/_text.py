@@ -235,10 +235,14 @@ class Conversation:
     self.after_reply_eos = (between[len(eos_text):]
                             if eos_text and between.startswith(eos_text) else between)
 
-  def first_text(self, state_text: str, actions_left: int) -> str:
-    """Text of turn 1's prompt: chat prefix, system, first user message, header."""
+  def first_text(self, state_text: str, actions_left: int, turn: int = 1) -> str:
+    """Text of turn 1's prompt: chat prefix, system, first user message, header.
+
+    ``turn`` (1-based) > 1 renders the same opening for a later turn: the
+    first message of a bounded-history row (``RolloutConfig.history_turns``).
+    """
     return self.first_prefix + self._user_text(
-        self.prompt.first_turn, state_text, 1, actions_left, 0.0) + self.generation_prompt
+        self.prompt.first_turn, state_text, turn, actions_left, 0.0) + self.generation_prompt
 
   def next_text(self, state_text: str, turn: int, actions_left: int, reward: float,
                 eos_sampled: bool) -> str:
@@ -500,18 +504,20 @@ class TextEnv:
       offset = offset + n
     return out, offset
 
-  def first_prompt(self, state, actions_left) -> tuple[jax.Array, jax.Array]:
+  def first_prompt(self, state, actions_left, turn=1) -> tuple[jax.Array, jax.Array]:
     """Token ids of turn 1's prompt for one (unbatched) state; vmap for a batch.
 
     Args:
       state: the initial environment state.
       actions_left: int32 [], the episode's action budget (``{actions_left}``).
+      turn: int32 [], the 1-based ``{turn}``; > 1 opens a bounded-history row
+        at a later turn (``RolloutConfig.history_turns``).
 
     Returns:
       ``(tokens int32 [first_width], length int32 [])``, right-padded with the
       tokenizer's pad id.
     """
-    return self._render(self._first_parts, self.first_width, state, 1, actions_left, 0.0)
+    return self._render(self._first_parts, self.first_width, state, turn, actions_left, 0.0)
 
   def next_prompt(self, state, turn, actions_left, reward, eos_sampled
                   ) -> tuple[jax.Array, jax.Array]:
@@ -541,9 +547,9 @@ class TextEnv:
                         lead=(lead_toks, lead_n))
 
   # ---------------------------------------------------------------- host
-  def first_text(self, state_text: str, actions_left: int) -> str:
+  def first_text(self, state_text: str, actions_left: int, turn: int = 1) -> str:
     """Host text of turn 1's prompt (what :meth:`first_prompt` tokenizes)."""
-    return self.conversation.first_text(state_text, actions_left)
+    return self.conversation.first_text(state_text, actions_left, turn)
 
   def next_text(self, state_text: str, turn: int, actions_left: int, reward: float,
                 eos_sampled: bool) -> str:

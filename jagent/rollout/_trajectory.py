@@ -3,10 +3,10 @@
 Training reads it through :func:`jagent.train.trajectory_batch` (the sampler
 does not know the objectives' :class:`jagent.transforms.Batch`).
 
-Rows are group-major: row ``b`` belongs to group ``b // G`` and all members of
-a group started from the same initial state. ``S`` is the context size (the
-whole conversation of one trajectory, padded), ``T`` the maximum number of
-assistant turns.
+Episodes are group-major: episode ``b`` belongs to group ``b // G`` and all
+members of a group started from the same initial state. ``B`` is the number
+of episodes, ``T`` the maximum number of assistant turns, ``R`` the number of
+token rows and ``S`` the context size of one row (padded).
 """
 
 from __future__ import annotations
@@ -26,24 +26,54 @@ END_REASONS = ("running", "terminated", "env_truncated", "action_budget", "max_t
                "context_overflow")
 
 
+# The fields with one entry per token row ([R, ...]); the others are per
+# episode ([B, ...]). They coincide when history_turns = -1 (R = B).
+ROW_FIELDS = ("tokens", "loss_mask", "logprobs", "turn_ids", "token_rewards", "length",
+              "row_valid", "row_episode", "row_turn")
+
+
 @flax.struct.dataclass
 class Trajectory:
-  """A batch of multi-turn trajectories, one token sequence per row.
+  """A batch of multi-turn trajectories: B episodes laid out in R token rows.
 
-  Token layout per row: turn 1's prompt, reply 1, turn 2's prompt (end of
-  the assistant message, the reward and the next state, the assistant
-  header), reply 2, ... then padding. Only reply tokens, exactly as sampled
-  (the EOS token included when sampled), are trained (``loss_mask``).
+  Two layouts, set by ``history_turns`` (``RolloutConfig.history_turns``):
+
+  * ``history_turns = -1`` (full history, RAGEN's ``full``): ``R = B``, row
+    ``b`` is episode ``b``'s whole conversation: turn 1's prompt, reply 1,
+    turn 2's prompt (end of the assistant message, the reward and the next
+    state, the assistant header), reply 2, ... then padding.
+  * ``history_turns = k >= 0`` (bounded history, RAGEN's
+    ``limited_multi_turn`` / ``single_turn`` with ``max_context_window``):
+    ``R = B * T``, row ``r = b * T + t`` (episode-major, so group g's rows
+    are ``[g*G*T, (g+1)*G*T)``) is turn t of episode b with its own
+    context: the opening prompt (system message, the first user message's
+    template, instructions included, rendered at turn ``w = max(0, t - k)``
+    with that turn's state, turn number and action budget), reply w, then
+    for each later turn up to t its prompt exactly as in the full layout
+    (end of the previous assistant message, reward, state, header) and,
+    before t, its reply exactly as sampled then; then reply t. Only reply t
+    is trained (history tokens are context only, each reply is trained once,
+    in its own row). Rows of turns not taken (``row_valid`` False) are
+    padding with ``length`` 0.
+
+  In both layouts only reply tokens, exactly as sampled (the EOS token
+  included when sampled), are trained (``loss_mask``); per-turn fields are
+  [B, T] and episode fields [B], reached from a row through ``row_episode``
+  and ``row_turn``.
 
   Attributes:
-    tokens: int32 [B, S] token ids (pad id after ``length``).
-    loss_mask: bool [B, S], True on sampled tokens.
-    logprobs: float32 [B, S] sampler log-probabilities of the sampled tokens
+    tokens: int32 [R, S] token ids (pad id after ``length``).
+    loss_mask: bool [R, S], True on the tokens sampled in that row.
+    logprobs: float32 [R, S] sampler log-probabilities of the sampled tokens
       (``log softmax(logits / temperature)``, before top-k/top-p truncation;
       0 elsewhere). A full forward pass over ``tokens`` reproduces them.
-    turn_ids: int32 [B, S] 0-based turn of each sampled token, -1 elsewhere.
-    token_rewards: float32 [B, S] each turn's reward on its last sampled token.
-    length: int32 [B] tokens used.
+    turn_ids: int32 [R, S] 0-based turn of each sampled token, -1 elsewhere.
+    token_rewards: float32 [R, S] each turn's reward on its last sampled token.
+    length: int32 [R] tokens used.
+    row_valid: bool [R] the row holds a turn that was taken (always True
+      when ``history_turns = -1``).
+    row_episode: int32 [R] the row's episode b (``arange(B)``, or ``r // T``).
+    row_turn: int32 [R] the row's turn t (0, or ``r % T``).
     turn_rewards: float32 [B, T] per-turn reward: environment rewards of the
       turn's actions plus ``format_penalty`` when the reply was not valid.
     scores: float32 [B] trajectory score = sum of ``turn_rewards``.
@@ -64,6 +94,10 @@ class Trajectory:
     overflow: bool [B] ``end_reason == CONTEXT_OVERFLOW``.
     group_ids: int32 [B] ``b // G``.
     group_size: static int G.
+    history_turns: static int, the layout (see above).
+
+  The three ``row_*`` fields are None only on trajectories built by hand
+  without them (full layout); every rollout fills them.
   """
 
   tokens: jax.Array
@@ -89,7 +123,11 @@ class Trajectory:
   end_reason: jax.Array
   overflow: jax.Array
   group_ids: jax.Array
+  row_valid: jax.Array | None = None
+  row_episode: jax.Array | None = None
+  row_turn: jax.Array | None = None
   group_size: int = flax.struct.field(pytree_node=False, default=1)
+  history_turns: int = flax.struct.field(pytree_node=False, default=-1)
 
   def metrics(self) -> dict[str, jax.Array]:
     """Rollout diagnostics (float32 scalars), RAGEN's Echo Trap set included.

@@ -286,7 +286,8 @@ def rows_shardings(tree: PyTree, mesh: jax.sharding.Mesh) -> PyTree:
   Args:
     tree: a ``transforms.Batch``, ``rollout.Trajectory`` or any pytree
       whose non-scalar leaves share the leading dimension B (arrays or
-      ``jax.ShapeDtypeStruct``).
+      ``jax.ShapeDtypeStruct``); a bounded-history Trajectory
+      (``history_turns >= 0``) has B episode and B * T token rows.
     mesh: the device mesh.
 
   Returns:
@@ -299,7 +300,9 @@ def rows_shardings(tree: PyTree, mesh: jax.sharding.Mesh) -> PyTree:
   rows = batch_sharding(mesh)
   n = _mesh.rows_size(mesh)
   sizes = {np.shape(x)[0] for x in jax.tree.leaves(tree) if np.ndim(x) >= 1}
-  if len(sizes) > 1:
+  # A bounded-history Trajectory has B episode rows and B * T token rows
+  # (episode-major, so a contiguous split keeps each episode's turns together).
+  if len(sizes) > 1 and getattr(tree, "history_turns", -1) < 0:
     raise ValueError(f"row arrays disagree on the leading dimension B: {sorted(sizes)}.")
   for b in sizes:
     if b % n:

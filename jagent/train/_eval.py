@@ -92,26 +92,33 @@ def evaluate(program: EvalProgram, params: Any, reset_keys: jax.Array, key: jax.
 
 
 def decode_samples(traj: _trajectory.Trajectory, tokenizer, num: int = 4) -> list[dict]:
-  """The first ``num`` trajectories as text with their outcome (for inspection).
+  """The first ``num`` episodes as text with their outcome (for inspection).
 
   Args:
     traj: a :class:`jagent.rollout.Trajectory` on the host or one device
       (gather a sharded one first, :func:`jagent.sharding.to_host`).
     tokenizer: a :class:`jagent.tokenizers.Tokenizer` (its ``decode``).
-    num: rows to decode (fewer when the trajectory has fewer).
+    num: episodes to decode (fewer when the trajectory has fewer).
 
   Returns:
-    One dict per row: ``text`` (the decoded tokens up to ``length``),
-    ``score`` (float), ``success`` (bool), ``turns`` (int) and
-    ``end_reason`` (a name of ``END_REASONS``).
+    One dict per episode: ``text`` (the decoded tokens up to ``length``; with
+    a bounded history, ``traj.history_turns >= 0``, each taken turn's row,
+    its whole context and reply, under a ``=== turn t ===`` line), ``score``
+    (float), ``success`` (bool), ``turns`` (int) and ``end_reason`` (a name
+    of ``END_REASONS``).
   """
   out = []
-  for b in range(min(num, traj.tokens.shape[0])):
-    n = int(traj.length[b])
+  t_max = traj.turn_rewards.shape[1]
+  text = lambda r: tokenizer.decode(  # noqa: E731
+      np.asarray(traj.tokens[r, :int(traj.length[r])]).tolist())
+  for b in range(min(num, traj.scores.shape[0])):
+    turns = int(traj.num_turns[b])
+    if traj.history_turns < 0:
+      body = text(b)
+    else:
+      body = "\n".join(f"=== turn {t + 1} ===\n{text(b * t_max + t)}" for t in range(turns))
     out.append({
-        "text": tokenizer.decode(np.asarray(traj.tokens[b, :n]).tolist()),
-        "score": float(traj.scores[b]), "success": bool(traj.success[b]),
-        "turns": int(traj.num_turns[b]),
-        "end_reason": _trajectory.END_REASONS[int(traj.end_reason[b])],
+        "text": body, "score": float(traj.scores[b]), "success": bool(traj.success[b]),
+        "turns": turns, "end_reason": _trajectory.END_REASONS[int(traj.end_reason[b])],
     })
   return out

@@ -134,10 +134,21 @@ def compact_groups(traj: _trajectory.Trajectory, num_keep: int,
   # Kept groups first, by decreasing std; then the rest by decreasing std.
   order = jnp.lexsort((jnp.arange(n), -std, ~keep))[:num_keep]
   rows = (order[:, None] * g + jnp.arange(g)[None]).reshape(-1)
-  out = jax.tree.map(lambda x: x[rows], traj)
   row_keep = jnp.repeat(keep[order], g)
-  out = out.replace(loss_mask=out.loss_mask & row_keep[:, None],
-                    group_ids=jnp.arange(num_keep * g, dtype=jnp.int32) // g)
+  if traj.history_turns < 0:
+    out = jax.tree.map(lambda x: x[rows], traj)
+    out = out.replace(loss_mask=out.loss_mask & row_keep[:, None],
+                      group_ids=jnp.arange(num_keep * g, dtype=jnp.int32) // g)
+  else:
+    # Turn rows: episode fields gather the kept episodes, the [R] row fields
+    # their T rows each (episode-major), renumbered to the new episodes.
+    t = traj.tokens.shape[0] // traj.scores.shape[0]
+    token_rows = (rows[:, None] * t + jnp.arange(t)[None]).reshape(-1)
+    by_row = {f: getattr(traj, f)[token_rows] for f in _trajectory.ROW_FIELDS}
+    out = jax.tree.map(lambda x: x[rows], traj.replace(**{f: None for f in by_row}))
+    by_row["loss_mask"] = by_row["loss_mask"] & jnp.repeat(row_keep, t)[:, None]
+    by_row["row_episode"] = jnp.arange(num_keep * g * t, dtype=jnp.int32) // t
+    out = out.replace(group_ids=jnp.arange(num_keep * g, dtype=jnp.int32) // g, **by_row)
   kept_std = std[order]
   metrics = {
       "filter/reward_std_before": jnp.mean(std),

@@ -45,14 +45,15 @@ FIELDS = ("tokens", "loss_mask", "turn_ids", "token_rewards", "length", "turn_re
           "terminated", "truncated", "end_reason", "overflow", "group_ids")
 
 
-def bigram_params(reply: str, key=0) -> models.Params:
+def bigram_params(reply: str, key=0, eos: bool = False) -> models.Params:
   """A MICRO transformer whose greedy reply after ``"\\n"`` is ``reply``.
 
   Attention and MLP write nothing (``wo = w_down = 0``), so the last hidden
   state is the normalized embedding of the current token, and ``lm_head``
-  maps each token of the chain to its successor.
+  maps each token of the chain to its successor. ``eos``: the reply ends
+  with a sampled EOS token.
   """
-  ids = [4] + TOK.encode(reply)  # 4 = "\n", the last token of the assistant header
+  ids = [4] + TOK.encode(reply) + ([TOK.eos_id] if eos else [])  # 4 = "\n", the header's end
   succ = {}
   for a, b in zip(ids[:-1], ids[1:]):
     if succ.setdefault(a, b) != b:

@@ -8,7 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jagent import losses
 from jagent import models
+from jagent import rollout
 from jagent import train
 from jagent import transforms
 
@@ -101,6 +103,47 @@ class TurnRowsTrainStepTest(absltest.TestCase):
     self.assertEqual(float(m["train/updates_applied"]), 1.0)
     for leaf in jax.tree.leaves(new.params):
       self.assertTrue(np.all(np.isfinite(np.asarray(leaf))))
+
+
+def _trajectory(ns) -> rollout.Trajectory:
+  """The namespace of :func:`_traj` as a Trajectory (other fields: per-turn / episode zeros)."""
+  fields = {k: jnp.asarray(v) for k, v in vars(ns).items()
+            if k not in ("history_turns", "group_size")}
+  zeros_bt = jnp.zeros((B, T), jnp.int32)
+  zeros_b = jnp.zeros((B,), jnp.int32)
+  fields.update(
+      length=jnp.where(fields["row_valid"], S, 0), turn_rewards=jnp.zeros((B, T)),
+      num_turns=jnp.asarray(TURNS), reply_lengths=zeros_bt, format_valid=zeros_bt > 0,
+      num_pieces=zeros_bt, num_valid=zeros_bt, num_executed=zeros_bt, num_effective=zeros_bt,
+      num_actions=zeros_b, success=zeros_b > 0, truncated=~fields["terminated"],
+      end_reason=zeros_b, overflow=zeros_b > 0, group_ids=jnp.arange(B) // G)
+  return rollout.Trajectory(**fields, group_size=G, history_turns=0)
+
+
+class TurnRowsCompactTest(absltest.TestCase):
+
+  def test_compaction_keeps_whole_episodes_of_the_kept_groups(self):
+    # Group 0 (scores 1, 1, 1: std 0) and group 1 (2, 0, 0.5): top_fraction 0.5
+    # keeps group 1, whose episodes 3..5 own token rows 9..17.
+    traj = _trajectory(_traj())
+    kept, m = train.compact_groups(traj, 1, losses.FilterConfig("top_fraction", 0.5))
+    self.assertEqual(float(m["filter/kept_groups"]), 1.0)
+    rows = np.arange(3 * T, 6 * T)
+    for f in ("tokens", "loss_mask", "token_rewards", "row_valid", "row_turn", "length"):
+      np.testing.assert_array_equal(getattr(kept, f), np.asarray(getattr(traj, f))[rows], f)
+    np.testing.assert_array_equal(kept.row_episode, np.arange(G * T) // T)
+    np.testing.assert_array_equal(kept.scores, np.asarray(traj.scores)[3:])
+    np.testing.assert_array_equal(kept.num_turns, TURNS[3:])
+    np.testing.assert_array_equal(kept.group_ids, np.zeros(G))
+    # Its batch is the batch of those episodes alone.
+    want = train.trajectory_batch(_trajectory(_traj()).replace(group_size=G))
+    got = train.trajectory_batch(kept)
+    np.testing.assert_array_equal(got.scores, np.asarray(want.scores)[rows])
+    np.testing.assert_array_equal(got.episode_turns, np.asarray(want.episode_turns)[rows])
+    # A slot whose group the filter does not keep trains nothing.
+    kept2, _ = train.compact_groups(traj, 2, losses.FilterConfig("top_fraction", 0.5, False))
+    self.assertFalse(np.any(np.asarray(kept2.loss_mask)[G * T:]))
+    self.assertTrue(np.any(np.asarray(kept2.loss_mask)[:G * T]))
 
 
 if __name__ == "__main__":
