@@ -13,7 +13,7 @@ uses the first ``data x fsdp x tensor`` devices (a ``-1`` size: all of
 them). On CPU the devices are fake (``XLA_FLAGS=
 --xla_force_host_platform_device_count=8``, set here when absent). The
 defaults (the RAGEN StarPO-S config, ``data:1;data:8;fsdp:8``, layers 1 and
-2) give the README's per-device memory table.
+2) give the per-device memory table of docs/scaling.md.
 
 For every mesh (``experiments.common.Experiment`` with ``config.mesh``, so
 ``rl.num_microbatches=-1`` resolves to one row per device and
