@@ -231,9 +231,13 @@ def validate(config, num_devices: int | None = None) -> None:
     raise _bad("sft.expert", config.sft.expert, f"unknown; known: {rollout.EXPERT_POLICIES}")
   if config.sft.steps:
     sft_optimizer(config)
-  if config.sft.steps and config.sft.batch_size > config.sft.num_demos:
+  # SFT rows are episodes in the full history, turns in a bounded window (at
+  # most max_turns an episode; sft_batch_indices checks the turns taken).
+  sft_rows = config.sft.num_demos * (
+      1 if config.rollout.get("history_turns", -1) < 0 else config.rollout.max_turns)
+  if config.sft.steps and config.sft.batch_size > sft_rows:
     raise _bad("sft.batch_size", config.sft.batch_size,
-               f"is larger than sft.num_demos={config.sft.num_demos}")
+               f"is larger than the {sft_rows} rows of sft.num_demos={config.sft.num_demos}")
   if config.sft.steps and not 1 <= config.sft.actions_per_turn <= (
       config.prompt.max_actions_per_turn):
     raise _bad("sft.actions_per_turn", config.sft.actions_per_turn,
@@ -457,7 +461,7 @@ class Experiment:
         num_groups=c.sft.num_demos, group_size=1, max_turns=self.rollout_config.max_turns,
         max_tokens_per_turn=self.rollout_config.max_tokens_per_turn,
         max_actions_per_traj=self.rollout_config.max_actions_per_traj,
-        context_size=self.context_size)
+        context_size=self.context_size, history_turns=self.rollout_config.history_turns)
     return rollout.demonstrations(
         self.text_env, num_groups=c.sft.num_demos,
         key=jax.random.fold_in(jax.random.key(c.seed), 1), config=rc,
@@ -471,14 +475,26 @@ class Experiment:
     return train.TrainConfig(model=self.model_config,
                              actor_optimizer=sft_optimizer(self.config, learning_rate))
 
-  def sft_batch_indices(self, num_demos: int) -> np.ndarray:
-    """int64 ``[sft.steps, sft.batch_size]``: the demonstrations of each SFT step.
+  def sft_batch_indices(self, row_valid) -> np.ndarray:
+    """int64 ``[sft.steps, sft.batch_size]``: the demonstration rows of each SFT step.
 
-    Drawn without replacement per step by ``numpy.random.default_rng(seed)``.
+    Drawn without replacement per step by ``numpy.random.default_rng(seed)``
+    among the rows that hold a turn (a demonstration is one row per episode at
+    ``history_turns = -1``, one row per turn taken at ``k >= 0``).
+
+    Args:
+      row_valid: bool [R], the demonstrations' ``Trajectory.row_valid``.
+
+    Raises:
+      ValueError: ``sft.batch_size`` larger than the number of valid rows.
     """
     c = self.config
+    rows = np.flatnonzero(np.asarray(row_valid, bool))
+    if c.sft.batch_size > rows.size:
+      raise _bad("sft.batch_size", c.sft.batch_size,
+                 f"is larger than the {rows.size} demonstration rows")
     rng = np.random.default_rng(c.seed)
-    return np.asarray([rng.choice(num_demos, c.sft.batch_size, replace=False)
+    return np.asarray([rows[rng.choice(rows.size, c.sft.batch_size, replace=False)]
                        for _ in range(c.sft.steps)], np.int64).reshape(
                            c.sft.steps, c.sft.batch_size)
 
@@ -501,7 +517,7 @@ class Experiment:
     batch_all = train.trajectory_batch(demos)
     tc = self.sft_train_config()
     state = self.sft_state(params, tc)
-    indices = self.sft_batch_indices(demos.tokens.shape[0])
+    indices = self.sft_batch_indices(demos.row_valid)
     success = float(np.mean(demos.success))
     step_fn = shared_program(
         ("sft_step", self.signature(("model", "model_dir", "sft")), self._devices_key),

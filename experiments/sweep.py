@@ -316,10 +316,11 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   t0 = time.perf_counter()
   params = [e.init_params() for e in exps]
   if c.sft.steps:
-    batches = [train.trajectory_batch(e.demonstrations()) for e in exps]
+    demos = [e.demonstrations() for e in exps]
+    batches = [train.trajectory_batch(d) for d in demos]
     states = stack_runs([e.sft_state(p) for e, p in zip(exps, params)])
-    indices = jnp.asarray(np.stack([e.sft_batch_indices(b.tokens.shape[0])
-                                    for e, b in zip(exps, batches)]))
+    indices = jnp.asarray(np.stack([e.sft_batch_indices(d.row_valid)
+                                    for e, d in zip(exps, demos)]))
     params, _ = sft_program(exp, field, batching)(
         states, jnp.stack([b.tokens for b in batches]),
         jnp.stack([b.loss_mask for b in batches]), indices, values)
