@@ -18,8 +18,8 @@ Stages (each checkpointed; an existing workdir resumes where it stopped):
 
 Writes to ``--workdir``: ``metrics.jsonl`` and TensorBoard events (every
 step), ``curves.png`` (the key curves first: held-out success against the SFT
-baseline, training success, in-group reward std, entropy, collapse diagnostics,
-grad norm; see :func:`curve_panels`), ``samples/<stage>.json`` (decoded trajectories),
+baseline, training success, in-group reward std, entropy, prompt-reply mutual
+information, grad norm; see :func:`curve_panels`), ``samples/<stage>.json`` (decoded trajectories),
 checkpoints, ``policy/`` (a Hugging Face directory of the final policy) and
 ``eval_summary.json``::
 
@@ -77,7 +77,8 @@ CURVE_KEYS = (
     "eval/sft/success", "eval/success", "eval/rl/success", "eval/sft/greedy_success",
     "eval/greedy_success", "eval/rl/greedy_success", "rollout/success",
     "rollout/pass_at_group", "filter/reward_std_before", "filter/reward_std_after",
-    "actor/entropy", "collapse/reply_entropy", "collapse/mutual_info", "train/grad_norm",
+    "actor/entropy", "collapse/reply_entropy", "collapse/mutual_info",
+    "collapse/mutual_info_max", "train/grad_norm",
     "train/grad_norm_max", "policy/clip_frac", "rollout/reply_tokens",
     "rollout/valid_action_frac", "rollout/effective_action_frac", "rollout/score", "sft/nll",
     "throughput/rollout_tokens_per_s")
@@ -100,9 +101,10 @@ def curve_panels(config) -> tuple:
   evaluation temperature and greedy, each against its SFT value as a dashed
   line (the evaluations after SFT, every ``eval.every`` steps and after RL as
   points on a 0-1 axis); training success; the in-group reward std before and
-  after the filter; policy entropy; the collapse diagnostics (reply entropy and
-  prompt-reply mutual information, when written) and the grad norm against the
-  clipping threshold. Then clip fraction, reply length, valid actions, score,
+  after the filter; policy entropy (with RAGEN-2's reply entropy ``H(Z|X)``
+  when written); the mutual information ``I(X;Z)`` of prompts and replies
+  against its bound (when written) and the grad norm against the clipping
+  threshold. Then clip fraction, reply length, valid actions, score,
   SFT NLL and rollout throughput. Per-step series are drawn raw and faint under
   an EMA (:func:`curve_smoothing`); panels whose metrics a run does not write
   are left out.
@@ -111,8 +113,8 @@ def curve_panels(config) -> tuple:
     config: the run's config (``experiments/configs/tiny.py``'s fields).
 
   Returns:
-    a tuple of ``jagent.train.PlotPanel``; every key they read is in
-    :data:`CURVE_KEYS`.
+    a tuple of ``jagent.train.PlotPanel``; the keys they draw (lines and
+    baselines) are :data:`CURVE_KEYS`.
   """
   from jagent import train  # pylint: disable=g-import-not-at-top
   P, S = train.PlotPanel, train.PlotSeries  # pylint: disable=invalid-name
@@ -122,6 +124,9 @@ def curve_panels(config) -> tuple:
   rl = {"smoothing": smooth, "min_step": 1, "xlim": steps}  # SFT writes steps <= 0
   levels = f"{ev.num_levels} held-out levels"
   updated = "train/updates_applied"  # steps without an update write entropy 0, norm 0
+  diagnostics = config.get("diagnostics")  # RAGEN-2's collapse/*: a few steps only
+  every = (f", every {diagnostics.every} steps" if diagnostics and diagnostics.get("every")
+           else "")
   grad_norm = [S("train/grad_norm", "mean over updates", where=updated)]
   if config.rl.num_minibatches * config.rl.ppo_epochs > 1:  # else max == mean
     grad_norm.append(S("train/grad_norm_max", "max over updates", where=updated))
@@ -143,10 +148,12 @@ def curve_panels(config) -> tuple:
       P("In-group reward std (episode return)",
         (S("filter/reward_std_before", "all groups (before filter)"),
          S("filter/reward_std_after", "kept groups (after filter)")), **rl),
-      P("Policy entropy (nats/token)", S("actor/entropy", where=updated), **rl),
-      P("Collapse diagnostics (nats)",
-        (S("collapse/reply_entropy", "reply entropy H(reply)"),
-         S("collapse/mutual_info", "mutual info I(prompt; reply)")), **rl),
+      P("Policy entropy (nats/token)",
+        (S("actor/entropy", "training batch", where=updated),
+         S("collapse/reply_entropy", f"reply entropy H(Z|X){every}", sparse=True)), **rl),
+      P("Mutual information I(X;Z), prompt vs reply (nats/token)",
+        S("collapse/mutual_info", f"I(X;Z){every}", sparse=True),
+        baseline="collapse/mutual_info_max", baseline_label="bound log(prompts)", **rl),
       P("Grad norm (L2, before clipping)",
         tuple(grad_norm), baseline=config.rl.max_grad_norm, baseline_label="clipped at",
         **rl),

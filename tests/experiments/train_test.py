@@ -34,6 +34,7 @@ from absl import flags
 from absl.testing import absltest
 from absl.testing import flagsaver
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -104,8 +105,9 @@ def _main_job_records(collapse: bool):
          "train/grad_norm_max": 1.5, "train/updates_applied": 1.0, "policy/clip_frac": 0.0,
          "rollout/reply_tokens": 3.0, "rollout/valid_action_frac": 0.98,
          "rollout/effective_action_frac": 0.8, "throughput/rollout_tokens_per_s": 800.0}
-    if collapse:
-      r.update({"collapse/reply_entropy": 1.2, "collapse/mutual_info": 0.4})
+    if collapse and step % 25 in (0, 1):
+      r.update({"collapse/reply_entropy": 1.2, "collapse/mutual_info": 0.4,
+                "collapse/mutual_info_max": 2.0794})
     if step % 100 == 0 and step < 500:
       r["eval/success"] = 0.36
     records.append(r)
@@ -127,6 +129,10 @@ class CurvePanelsTest(absltest.TestCase):
 
   def test_key_panels_first_against_the_sft_baseline(self):
     config = tiny.get_config()
+    if "diagnostics" in config:  # RAGEN-2's collapse diagnostics every 25 steps
+      config.diagnostics.every = 25
+    else:
+      config.diagnostics = ml_collections.ConfigDict({"every": 25})
     drawn = self._draw(config, _main_job_records(collapse=True))
     self.assertGreater(os.path.getsize(self.png), 10_000)
     titles = [p.title for p in drawn]
@@ -134,7 +140,8 @@ class CurvePanelsTest(absltest.TestCase):
         "Eval success (T=0.5, 512 held-out levels)", "Eval greedy success (512 held-out levels)",
         "Training success (rollouts, T=1, 64 episodes/step)",
         "In-group reward std (episode return)", "Policy entropy (nats/token)",
-        "Collapse diagnostics (nats)", "Grad norm (L2, before clipping)"])
+        "Mutual information I(X;Z), prompt vs reply (nats/token)",
+        "Grad norm (L2, before clipping)"])
     keys = {p.title: [s.keys for s in p.series] for p in drawn}
     # The evaluations after SFT, during RL and after RL are one line (no greedy
     # evaluation during RL: its middle key is skipped).
@@ -142,12 +149,15 @@ class CurvePanelsTest(absltest.TestCase):
     self.assertEqual(keys[titles[1]], [("eval/sft/greedy_success", "eval/rl/greedy_success")])
     self.assertEqual(keys[titles[3]], [("filter/reward_std_before",),
                                        ("filter/reward_std_after",)])
-    self.assertEqual(keys[titles[5]], [("collapse/reply_entropy",), ("collapse/mutual_info",)])
+    # RAGEN-2's reply entropy with the policy entropy; I(X;Z) against its bound.
+    self.assertEqual(keys[titles[4]], [("actor/entropy",), ("collapse/reply_entropy",)])
+    self.assertEqual(keys[titles[5]], [("collapse/mutual_info",)])
     # One update a step: the max grad norm is the mean, so not drawn.
     self.assertEqual(keys[titles[6]], [("train/grad_norm",)])
     by_title = {p.title: p for p in drawn}
     self.assertEqual(by_title[titles[0]].baseline, 0.359)  # the SFT record's
     self.assertEqual(by_title[titles[1]].baseline, 0.361)
+    self.assertEqual(by_title[titles[5]].baseline, 2.0794)
     self.assertEqual(by_title[titles[6]].baseline, config.rl.max_grad_norm)
     for t in titles[:3]:
       self.assertEqual(by_title[t].ylim, (0.0, 1.0))
@@ -162,13 +172,18 @@ class CurvePanelsTest(absltest.TestCase):
     self.assertTrue(by_title[titles[0]].series[0].sparse)
     self.assertTrue(by_title[titles[11]].series[0].sparse)
     self.assertFalse(by_title[titles[4]].series[0].sparse)
+    self.assertTrue(by_title[titles[4]].series[1].sparse)
+    self.assertEqual(by_title[titles[4]].series[1].label,
+                     "reply entropy H(Z|X), every 25 steps")
 
   def test_missing_collapse_keys_and_several_updates(self):
     config = tiny.get_config()
     config.rl.num_minibatches = 2
     drawn = self._draw(config, _main_job_records(collapse=False))
     titles = [p.title for p in drawn]
-    self.assertNotIn("Collapse diagnostics (nats)", titles)
+    self.assertNotIn("Mutual information I(X;Z), prompt vs reply (nats/token)", titles)
+    self.assertEqual(titles[4], "Policy entropy (nats/token)")
+    self.assertEqual([s.keys for s in drawn[4].series], [("actor/entropy",)])
     self.assertEqual(titles[5], "Grad norm (L2, before clipping)")
     self.assertEqual([s.keys for s in drawn[5].series],
                      [("train/grad_norm",), ("train/grad_norm_max",)])
@@ -176,7 +191,9 @@ class CurvePanelsTest(absltest.TestCase):
   def test_curve_keys_are_the_keys_drawn(self):
     config = tiny.get_config()
     config.rl.ppo_epochs = 2
-    drawn = {k for p in train_job.curve_panels(config) for s in p.series for k in s.keys}
+    panels = train_job.curve_panels(config)
+    drawn = {k for p in panels for s in p.series for k in s.keys}
+    drawn |= {p.baseline for p in panels if isinstance(p.baseline, str)}
     self.assertEqual(drawn, set(train_job.CURVE_KEYS))
     self.assertLen(train_job.CURVE_KEYS, len(set(train_job.CURVE_KEYS)))
 
