@@ -17,7 +17,9 @@ Stages (each checkpointed; an existing workdir resumes where it stopped):
    greedily, after SFT, every ``eval.every`` RL steps and at the end.
 
 Writes to ``--workdir``: ``metrics.jsonl`` and TensorBoard events (every
-step), ``curves.png``, ``samples/<stage>.json`` (decoded trajectories),
+step), ``curves.png`` (the key curves first: held-out success against the SFT
+baseline, training success, in-group reward std, entropy, prompt-reply mutual
+information, grad norm; see :func:`curve_panels`), ``samples/<stage>.json`` (decoded trajectories),
 checkpoints, ``policy/`` (a Hugging Face directory of the final policy) and
 ``eval_summary.json``::
 
@@ -68,15 +70,111 @@ _NUM_PROCESSES = flags.DEFINE_integer(
 _PROCESS_ID = flags.DEFINE_integer(
     "process_id", None, "This process's id in [0, num_processes) (--distributed).")
 
-# The panels of curves.png: success, RAGEN's Echo Trap diagnostics
-# (Wang et al., arXiv 2504.20073), evaluation and rollout speed. (Every key of the
-# ~80 in metrics.jsonl would take ~20 s to draw and be unreadable.)
+# The metrics the panels of curves.png draw (curve_panels), RAGEN's Echo Trap
+# diagnostics among them (Wang et al., arXiv 2504.20073). (Every key of the ~80 in
+# metrics.jsonl would take ~20 s to draw and be unreadable.)
 CURVE_KEYS = (
-    "rollout/success", "rollout/pass_at_group", "rollout/score", "eval/success",
-    "filter/reward_std_before", "filter/reward_std_after", "actor/entropy",
-    "train/grad_norm", "train/grad_norm_max", "policy/clip_frac", "rollout/reply_tokens",
-    "rollout/valid_action_frac", "rollout/effective_action_frac", "sft/nll",
+    "eval/sft/success", "eval/success", "eval/rl/success", "eval/sft/greedy_success",
+    "eval/greedy_success", "eval/rl/greedy_success", "rollout/success",
+    "rollout/pass_at_group", "filter/reward_std_before", "filter/reward_std_after",
+    "actor/entropy", "collapse/reply_entropy", "collapse/mutual_info",
+    "collapse/mutual_info_max", "train/grad_norm",
+    "train/grad_norm_max", "policy/clip_frac", "rollout/reply_tokens",
+    "rollout/valid_action_frac", "rollout/effective_action_frac", "rollout/score", "sft/nll",
     "throughput/rollout_tokens_per_s")
+
+
+def curve_smoothing(rl_steps: int) -> float:
+  """The EMA weight of curves.png's per-step series: a window of ~1/20 of the run.
+
+  ``1 - 20 / rl_steps`` (time constant ``rl_steps / 20`` steps), within
+  ``[0.5, 0.98]``, to two decimals: 0.96 for 500 steps, 0.8 for 100, 0.5 up
+  to 40.
+  """
+  return round(min(0.98, max(0.5, 1.0 - 20.0 / max(rl_steps, 1))), 2)
+
+
+def curve_panels(config) -> tuple:
+  """The panels of ``curves.png`` for a run of ``config`` (``jagent.train.PlotPanel``).
+
+  The key panels first (two rows at four a row): held-out success at the
+  evaluation temperature and greedy, each against its SFT value as a dashed
+  line (the evaluations after SFT, every ``eval.every`` steps and after RL as
+  points on a 0-1 axis); training success; the in-group reward std before and
+  after the filter; policy entropy (with RAGEN-2's reply entropy ``H(Z|X)``
+  when written); the mutual information ``I(X;Z)`` of prompts and replies
+  against its bound (when written) and the grad norm against the clipping
+  threshold. Then clip fraction, reply length, valid actions, score,
+  SFT NLL and rollout throughput. Per-step series are drawn raw and faint under
+  an EMA (:func:`curve_smoothing`); panels whose metrics a run does not write
+  are left out.
+
+  Args:
+    config: the run's config (``experiments/configs/tiny.py``'s fields).
+
+  Returns:
+    a tuple of ``jagent.train.PlotPanel``; the keys they draw (lines and
+    baselines) are :data:`CURVE_KEYS`.
+  """
+  from jagent import train  # pylint: disable=g-import-not-at-top
+  P, S = train.PlotPanel, train.PlotSeries  # pylint: disable=invalid-name
+  ev, ro = config.eval, config.rollout
+  smooth = curve_smoothing(config.rl.steps)
+  steps = (0, config.rl.steps)  # one x axis for every RL panel
+  rl = {"smoothing": smooth, "min_step": 1, "xlim": steps}  # SFT writes steps <= 0
+  levels = f"{ev.num_levels} held-out levels"
+  updated = "train/updates_applied"  # steps without an update write entropy 0, norm 0
+  diagnostics = config.get("diagnostics")  # RAGEN-2's collapse/*: a few steps only
+  every = (f", every {diagnostics.every} steps" if diagnostics and diagnostics.get("every")
+           else "")
+  grad_norm = [S("train/grad_norm", "mean over updates", where=updated)]
+  if config.rl.num_minibatches * config.rl.ppo_epochs > 1:  # else max == mean
+    grad_norm.append(S("train/grad_norm_max", "max over updates", where=updated))
+  return (
+      P(f"Eval success (T={ev.temperature:g}, {levels})",
+        S(("eval/sft/success", "eval/success", "eval/rl/success"), "evaluations",
+          sparse=True),
+        ylim=(0.0, 1.0), xlim=steps, baseline="eval/sft/success", baseline_label="after SFT"),
+      P(f"Eval greedy success ({levels})",
+        S(("eval/sft/greedy_success", "eval/greedy_success", "eval/rl/greedy_success"),
+          "evaluations", sparse=True),
+        ylim=(0.0, 1.0), xlim=steps, baseline="eval/sft/greedy_success",
+        baseline_label="after SFT"),
+      P(f"Training success (rollouts, T={ro.temperature:g}, "
+        f"{ro.num_groups * ro.group_size} episodes/step)",
+        (S("rollout/success", "success"),
+         S("rollout/pass_at_group", f"pass@{ro.group_size} (any of its group)")),
+        ylim=(0.0, 1.0), **rl),
+      P("In-group reward std (episode return)",
+        (S("filter/reward_std_before", "all groups (before filter)"),
+         S("filter/reward_std_after", "kept groups (after filter)")), **rl),
+      P("Policy entropy (nats/token)",
+        (S("actor/entropy", "training batch", where=updated),
+         S("collapse/reply_entropy", f"reply entropy H(Z|X){every}", sparse=True)), **rl),
+      P("Mutual information I(X;Z), prompt vs reply (nats/token)",
+        S("collapse/mutual_info", f"I(X;Z){every}", sparse=True),
+        baseline="collapse/mutual_info_max", baseline_label="bound log(prompts)", **rl),
+      P("Grad norm (L2, before clipping)",
+        tuple(grad_norm), baseline=config.rl.max_grad_norm, baseline_label="clipped at",
+        **rl),
+      P("PPO clip fraction (share of reply tokens)", S("policy/clip_frac", where=updated),
+        **rl),
+      P("Reply length (tokens/turn)", "rollout/reply_tokens", **rl),
+      P("Valid actions (share)",
+        (S("rollout/valid_action_frac", "valid / parsed"),
+         S("rollout/effective_action_frac", "moved the state / executed")),
+        ylim=(0.0, 1.0), **rl),
+      P(f"Training score (episode return, T={ro.temperature:g})", "rollout/score", **rl),
+      P("SFT NLL (nats/token, the steps before RL)", S("sft/nll", sparse=True),
+        xlim=(-config.sft.steps, 0)),
+      P("Rollout throughput (sampled tokens/s)", "throughput/rollout_tokens_per_s", **rl),
+  )
+
+
+def curve_title(config) -> str:
+  """The title of ``curves.png``: env, algorithm, model, RL steps and seed of ``config``."""
+  return (f"{config.env} · {config.algorithm} · model {config.model} · "
+          f"{config.rl.steps} RL steps · seed {config.seed}")
 
 
 class _NoWriter:
@@ -85,8 +183,8 @@ class _NoWriter:
   def write(self, step, metrics):
     del step, metrics
 
-  def plot(self, path, keys):
-    del path, keys
+  def plot(self, path, keys=None, **kwargs):
+    del path, keys, kwargs
 
   def close(self):
     pass
@@ -191,7 +289,8 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   summary["seconds"] = round(time.time() - t_start, 1)
   writer.write(int(state.step), {f"eval/rl/{k}": v for k, v in summary["rl"].items()
                                  if isinstance(v, float)})
-  writer.plot(os.path.join(workdir, "curves.png"), CURVE_KEYS)
+  writer.plot(os.path.join(workdir, "curves.png"), panels=curve_panels(config), ncols=4,
+              title=curve_title(config))
   writer.close()
   exp.export(workdir, state.params)
   if primary:

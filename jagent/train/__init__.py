@@ -40,7 +40,11 @@ from jagent.train._eval import evaluate
 from jagent.train._logprobs import LogprobsOutput
 from jagent.train._logprobs import token_logprobs
 from jagent.train._metrics import MetricsWriter
+from jagent.train._metrics import plot_metrics
+from jagent.train._metrics import PlotPanel
+from jagent.train._metrics import PlotSeries
 from jagent.train._metrics import read_metrics
+from jagent.train._metrics import smooth_curve
 from jagent.train._optim import current_learning_rate
 from jagent.train._optim import make_optimizer
 from jagent.train._optim import make_schedule
@@ -72,6 +76,8 @@ __all__ = (
     "OLD_LOGPROBS",
     "ObjectiveNeeds",
     "OptimizerConfig",
+    "PlotPanel",
+    "PlotSeries",
     "TrainConfig",
     "TrainState",
     "ValueHead",
@@ -91,10 +97,12 @@ __all__ = (
     "nll_loss",
     "num_kept_groups",
     "objective_needs",
+    "plot_metrics",
     "read_metrics",
     "rl_iteration",
     "sft_step",
     "sft_update",
+    "smooth_curve",
     "token_logprobs",
     "train_step",
     "write_json",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -51,6 +52,294 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
         continue
       raise ValueError(f"{path}: line {i + 1} is not a JSON record ({e})") from e
   return records
+
+
+@dataclasses.dataclass(frozen=True)
+class PlotSeries:
+  """One line of a :class:`PlotPanel`: a metric, or several merged into one.
+
+  Attributes:
+    keys: metric names (a str is one name). The finite points of every key
+      are merged in step order, so one line can join records written under
+      different names, e.g. ``("eval/sft/success", "eval/success",
+      "eval/rl/success")``: the evaluations after SFT, during RL and after
+      RL.
+    label: legend text, or None (the first key when the panel has several
+      series, none otherwise).
+    sparse: True for a series with a few points (evaluations every N
+      steps): drawn as points joined by lines, never smoothed, its legend
+      giving the last value. False for a per-step series: drawn raw and
+      faint under its EMA (the panel's ``smoothing``).
+    where: a metric name, or None: the records where it is present and not
+      > 0 are left out (e.g. ``"train/updates_applied"``: the steps without
+      an update, whose entropy and grad norm are written as 0).
+
+  Raises:
+    ValueError: from ``__post_init__``, no keys or a key that is not a str.
+  """
+  keys: tuple[str, ...] | str
+  label: str | None = None
+  sparse: bool = False
+  where: str | None = None
+
+  def __post_init__(self):
+    keys = (self.keys,) if isinstance(self.keys, str) else tuple(self.keys)
+    if not keys or not all(isinstance(k, str) and k for k in keys):
+      raise ValueError(f"PlotSeries.keys={self.keys!r}: must be one or more "
+                       "non-empty str.")
+    object.__setattr__(self, "keys", keys)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlotPanel:
+  """One panel of a curves plot (:func:`plot_metrics`): what it draws, as data.
+
+  Attributes:
+    title: the panel's title, in words with units (e.g. ``"Policy entropy
+      (nats/token)"``).
+    series: its lines: :class:`PlotSeries`, or metric names (a str ``k``
+      is ``PlotSeries(k)``).
+    ylim: ``(low, high)`` fixed y range (either end None: automatic), or
+      None (automatic).
+    xlim: ``(low, high)`` fixed step range (e.g. the run's planned steps, so
+      every panel shares one x axis), or None (automatic).
+    smoothing: EMA weight of the past in ``[0, 1)`` for the per-step series
+      (:func:`smooth_curve`; stated in the legend); 0 draws them as one
+      plain line.
+    baseline: a horizontal dashed reference line: a metric name (its last
+      finite value in the file, whatever its step, e.g. the SFT evaluation
+      ``"eval/sft/success"``), a number, or None.
+    baseline_label: legend text of the baseline (its value is appended).
+    min_step: records with a smaller step are left out of the series (e.g.
+      1: only RL steps, not the SFT steps written at ``step <= 0``), or None.
+
+  Raises:
+    ValueError: from ``__post_init__``, no series or a bad ``smoothing``,
+      ``ylim`` or ``xlim``.
+  """
+  title: str
+  series: tuple[PlotSeries | str, ...] | PlotSeries | str
+  ylim: tuple[float | None, float | None] | None = None
+  xlim: tuple[float | None, float | None] | None = None
+  smoothing: float = 0.9
+  baseline: str | float | None = None
+  baseline_label: str = "baseline"
+  min_step: int | None = None
+
+  def __post_init__(self):
+    series = self.series
+    if isinstance(series, (str, PlotSeries)):
+      series = (series,)
+    series = tuple(s if isinstance(s, PlotSeries) else PlotSeries(s) for s in series)
+    if not series:
+      raise ValueError(f"PlotPanel {self.title!r}: needs at least one series.")
+    object.__setattr__(self, "series", series)
+    if not 0.0 <= self.smoothing < 1.0:
+      raise ValueError(f"PlotPanel {self.title!r}: smoothing={self.smoothing!r} "
+                       "must be in [0, 1).")
+    for name in ("ylim", "xlim"):
+      lim = getattr(self, name)
+      if lim is not None and len(lim) != 2:
+        raise ValueError(f"PlotPanel {self.title!r}: {name}={lim!r} must be "
+                         "(low, high).")
+
+
+def smooth_curve(values: Sequence[float], smoothing: float) -> np.ndarray:
+  """The exponential moving average drawn over a per-step series.
+
+  TensorBoard's smoothing: ``m[i] = smoothing * m[i - 1] + (1 - smoothing) *
+  values[i]`` from ``m[-1] = 0``, debiased as ``m[i] / (1 - smoothing ** (i +
+  1))``, so each point is the average of the values so far weighted by
+  ``smoothing ** age`` (the first value weighs no more than any other). Its
+  time constant is about ``1 / (1 - smoothing)`` points.
+
+  Args:
+    values: the finite values, in step order.
+    smoothing: the weight of the past, in ``[0, 1)`` (0: the values).
+
+  Returns:
+    float64 ``[len(values)]``.
+
+  Raises:
+    ValueError: ``smoothing`` outside ``[0, 1)``.
+  """
+  if not 0.0 <= smoothing < 1.0:
+    raise ValueError(f"smoothing={smoothing!r} must be in [0, 1).")
+  x = np.asarray(values, np.float64).reshape(-1)
+  out = np.empty_like(x)
+  acc, weight = 0.0, 0.0
+  for i, v in enumerate(x):
+    acc = smoothing * acc + (1.0 - smoothing) * v
+    weight = smoothing * weight + (1.0 - smoothing)  # = 1 - smoothing ** (i + 1)
+    out[i] = acc / weight
+  return out
+
+
+def _series_points(records, series: PlotSeries, min_step):
+  """``(keys present, steps, values)`` of ``series``: finite points, by step.
+
+  A key is present when a record (from ``min_step`` on, passing
+  ``series.where``) has it, finite or not.
+  """
+  pts, present = [], []
+  for k in series.keys:
+    got = [(r["step"], r[k]) for r in records
+           if k in r and (min_step is None or r["step"] >= min_step)
+           and (series.where is None or r.get(series.where, 1.0) > 0)]
+    if got:
+      present.append(k)
+      pts.extend(p for p in got if math.isfinite(p[1]))
+  pts.sort(key=lambda p: p[0])  # stable: keys in their order within a step
+  steps = np.asarray([p[0] for p in pts], np.float64)
+  return tuple(present), steps, np.asarray([p[1] for p in pts], np.float64)
+
+
+def _layout(records, panels):
+  """The panels with a key present, narrowed to those, with each line's points.
+
+  Returns ``[(panel, [(series, steps, values), ...]), ...]``: each panel's
+  series narrowed to those present (their ``keys`` to the keys present) and
+  its ``baseline`` resolved to a float or None.
+  """
+  out = []
+  for panel in panels:
+    lines = []
+    for s in panel.series:
+      present, steps, values = _series_points(records, s, panel.min_step)
+      if present:
+        lines.append((dataclasses.replace(s, keys=present), steps, values))
+    if not lines:
+      continue
+    base = panel.baseline
+    if isinstance(base, str):
+      found = [r[base] for r in records if base in r and math.isfinite(r[base])]
+      base = float(found[-1]) if found else None
+    elif base is not None:
+      base = float(base)
+    out.append((dataclasses.replace(panel, series=tuple(s for s, _, _ in lines),
+                                    baseline=base), lines))
+  return out
+
+
+def _draw_panel(ax, panel, lines):
+  """Draws one resolved panel (see :func:`_layout`) onto ``ax``."""
+  colors = [f"C{i % 10}" for i in range(len(lines))]
+  several = len(lines) > 1
+  smoothed = panel.smoothing > 0
+  ema_drawn = False
+  for (s, steps, values), color in zip(lines, colors):
+    if not steps.size:
+      continue
+    label = s.label if s.label is not None else (s.keys[0] if several else None)
+    if s.sparse:  # few points: their last value is worth reading off
+      ax.plot(steps, values, "o-", color=color, linewidth=1.3, markersize=3.5,
+              label=f"{label} (last {values[-1]:.3g})" if label else None)
+    elif smoothed:
+      ax.plot(steps, values, color=color, linewidth=0.8, alpha=0.25)
+      ema = f"EMA {panel.smoothing:g}"
+      ax.plot(steps, smooth_curve(values, panel.smoothing), color=color,
+              linewidth=1.6, label=f"{label}, {ema}" if label else ema)
+      ema_drawn = True
+    else:
+      ax.plot(steps, values, color=color, linewidth=1.2, label=label)
+  if not any(steps.size for _, steps, _ in lines):
+    ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center",
+            va="center", fontsize=9, color="0.4")
+  if panel.baseline is not None:
+    ax.axhline(panel.baseline, color="0.3", linestyle="--", linewidth=1.0,
+               label=f"{panel.baseline_label} {panel.baseline:.3g}")
+  if panel.ylim is not None:
+    lo, hi = panel.ylim
+    if lo is not None and hi is not None:  # a margin, so points at the ends show
+      pad = 0.03 * (hi - lo)
+      lo, hi = lo - pad, hi + pad
+    ax.set_ylim(lo, hi)
+  if panel.xlim is not None:
+    lo, hi = panel.xlim
+    if lo is not None and hi is not None:  # a margin, as for ylim
+      pad = 0.02 * (hi - lo)
+      lo, hi = lo - pad, hi + pad
+    ax.set_xlim(lo, hi)
+  ax.set_title(panel.title, fontsize=10)
+  ax.set_xlabel("step", fontsize=8)
+  ax.tick_params(labelsize=7)
+  ax.grid(alpha=0.3)
+  if ax.get_legend_handles_labels()[0] and (  # more than one line
+      several or ema_drawn or panel.baseline is not None):
+    ax.legend(fontsize=7, loc="best", framealpha=0.8)
+
+
+# A panel's cell and the gaps around its axes, in inches.
+_CELL_W, _CELL_H = 4.2, 2.9
+_LEFT, _RIGHT, _TOP, _BOTTOM = 0.5, 0.15, 0.3, 0.45
+_GAP_W, _GAP_H = 0.55, 0.75
+_TITLE_H = 0.4
+
+
+def _figsize(nrows, ncols, title):
+  return (_CELL_W * ncols, _CELL_H * nrows + (_TITLE_H if title else 0.0))
+
+
+def _margins(nrows, ncols, title):
+  """``subplots_adjust`` fractions for the fixed margins and gaps in inches."""
+  w, h = _figsize(nrows, ncols, title)
+  top = _TOP + (_TITLE_H if title else 0.0)
+  axes_w = (w - _LEFT - _RIGHT - (ncols - 1) * _GAP_W) / ncols
+  axes_h = (h - top - _BOTTOM - (nrows - 1) * _GAP_H) / nrows
+  return {"left": _LEFT / w, "right": 1.0 - _RIGHT / w, "bottom": _BOTTOM / h,
+          "top": 1.0 - top / h, "wspace": _GAP_W / axes_w, "hspace": _GAP_H / axes_h}
+
+
+def plot_metrics(records: Sequence[Mapping[str, Any]], path: str,
+                 panels: Sequence[PlotPanel], *, ncols: int = 3,
+                 title: str | None = None) -> list[PlotPanel]:
+  """Draws curves of metrics records into an image file, one panel per spec.
+
+  Uses matplotlib's object API with the Agg canvas (no pyplot, no global
+  backend change, no display needed). A panel none of whose keys is in the
+  records is left out, so the same specs serve runs that do not write every
+  metric; the others keep their order, ``ncols`` a row. Non-finite values
+  are left out of the lines (a panel with none finite says so).
+
+  Args:
+    records: ``{"step": int, key: float, ...}`` dicts (:func:`read_metrics`).
+    path: output image path (PNG; the format follows the extension).
+    panels: the :class:`PlotPanel` specs, in order.
+    ncols: panels per row.
+    title: the figure's title, or None.
+
+  Returns:
+    the panels drawn, each with its ``series`` narrowed to those present
+    (their ``keys`` to the keys present) and its ``baseline`` resolved to a
+    float (None: its key has no finite value).
+
+  Raises:
+    ImportError: matplotlib is not installed.
+    ValueError: no panel's key is in the records.
+  """
+  try:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+    from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError("plotting metrics needs matplotlib: `pip install "
+                      "matplotlib`.") from e
+  layout = _layout(records, panels)
+  if not layout:
+    raise ValueError("none of the panels' keys is in the records.")
+  ncols = max(1, min(ncols, len(layout)))
+  nrows = math.ceil(len(layout) / ncols)
+  fig = Figure(figsize=_figsize(nrows, ncols, title))
+  FigureCanvasAgg(fig)
+  # Fixed margins, in inches (a layout engine measuring every text took
+  # half the drawing time).
+  fig.subplots_adjust(**_margins(nrows, ncols, title))
+  for i, (panel, lines) in enumerate(layout):
+    _draw_panel(fig.add_subplot(nrows, ncols, i + 1), panel, lines)
+  if title:
+    fig.suptitle(title, fontsize=12, y=1.0 - 0.12 / fig.get_figheight(), va="top")
+  with files.atomic_path(path) as tmp:
+    fig.savefig(tmp, dpi=100, format=os.path.splitext(path)[1][1:] or "png")
+  return [panel for panel, _ in layout]
 
 
 class MetricsWriter:
@@ -152,53 +441,39 @@ class MetricsWriter:
       self._tb.close()
 
   def plot(self, path: str, keys: Sequence[str] | None = None, *,
-           ncols: int = 3) -> list[str]:
-    """Draws the curves of ``keys`` against the step into a PNG file.
+           panels: Sequence[PlotPanel] | None = None, ncols: int = 3,
+           title: str | None = None) -> list[str]:
+    """Draws this file's curves against the step into an image file.
 
-    Uses matplotlib's object API with the Agg canvas (no pyplot, no global
-    backend change, no display needed). One panel per key; non-finite
-    points are left out.
+    Either ``keys`` (one plain panel per key, titled with it) or ``panels``
+    (:class:`PlotPanel` specs: titles, several lines, EMA smoothing,
+    baselines; see :func:`plot_metrics`).
 
     Args:
-      path: output PNG path.
-      keys: metric names (default: every key in the file, sorted).
+      path: output image path (PNG; the format follows the extension).
+      keys: metric names (default, without ``panels``: every key in the file,
+        sorted).
+      panels: panel specs instead of ``keys``.
       ncols: panels per row.
+      title: the figure's title, or None.
 
     Returns:
-      the keys drawn (those present in the file).
+      the keys drawn (those present in the file), in panel order.
 
     Raises:
       ImportError: matplotlib is not installed.
-      ValueError: no requested key is in the file.
+      ValueError: both ``keys`` and ``panels``, or no requested key is in
+        the file.
     """
-    try:
-      from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
-      from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-    except ImportError as e:
-      raise ImportError("MetricsWriter.plot needs matplotlib: `pip install "
-                        "matplotlib`.") from e
+    if keys is not None and panels is not None:
+      raise ValueError("MetricsWriter.plot: pass keys or panels, not both.")
     self.flush()
     records = read_metrics(self.path)
-    present = sorted({k for r in records for k in r if k != "step"})
-    keys = present if keys is None else [k for k in keys if k in present]
-    if not keys:
+    present = {k for r in records for k in r if k != "step"}
+    if panels is None:
+      keys = sorted(present) if keys is None else [k for k in keys if k in present]
+      panels = [PlotPanel(k, k, smoothing=0.0) for k in keys]
+    if not any(k in present for p in panels for s in p.series for k in s.keys):
       raise ValueError(f"none of the requested keys is in {self.path}.")
-    ncols = max(1, min(ncols, len(keys)))
-    nrows = math.ceil(len(keys) / ncols)
-    fig = Figure(figsize=(4 * ncols, 2.6 * nrows))
-    FigureCanvasAgg(fig)
-    for i, k in enumerate(keys):
-      ax = fig.add_subplot(nrows, ncols, i + 1)
-      pts = [(r["step"], r[k]) for r in records
-             if k in r and math.isfinite(r[k])]
-      if pts:
-        steps, vals = zip(*pts)
-        ax.plot(steps, vals, linewidth=1.2)
-      ax.set_title(k, fontsize=9)
-      ax.set_xlabel("step", fontsize=8)
-      ax.tick_params(labelsize=7)
-      ax.grid(alpha=0.3)
-    fig.tight_layout()
-    with files.atomic_path(path) as tmp:  # the format follows path's extension
-      fig.savefig(tmp, dpi=100, format=os.path.splitext(path)[1][1:] or "png")
-    return list(keys)
+    drawn = plot_metrics(records, path, panels, ncols=ncols, title=title)
+    return list(dict.fromkeys(k for p in drawn for s in p.series for k in s.keys))

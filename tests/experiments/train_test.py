@@ -34,6 +34,7 @@ from absl import flags
 from absl.testing import absltest
 from absl.testing import flagsaver
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -89,6 +90,116 @@ def _restore(exp, workdir):
   state, meta = ckpt.restore(target)
   ckpt.close()
   return state, meta
+
+
+def _main_job_records(collapse: bool):
+  """Records as the main job writes them: SFT steps <= 0, its evaluation at 0, RL."""
+  records = [{"step": -750, "sft/nll": 1.7, "train/grad_norm": 3.0},
+             {"step": 0, "sft/nll": 0.1, "train/grad_norm": 0.5},
+             {"step": 0, "eval/sft/success": 0.359, "eval/sft/greedy_success": 0.361,
+              "eval/sft/temperature": 0.5}]
+  for step in range(1, 501):
+    r = {"step": step, "rollout/success": 0.3, "rollout/pass_at_group": 0.6,
+         "rollout/score": 2.0, "filter/reward_std_before": 1.0,
+         "filter/reward_std_after": 3.0, "actor/entropy": 0.3, "train/grad_norm": 1.5,
+         "train/grad_norm_max": 1.5, "train/updates_applied": 1.0, "policy/clip_frac": 0.0,
+         "rollout/reply_tokens": 3.0, "rollout/valid_action_frac": 0.98,
+         "rollout/effective_action_frac": 0.8, "throughput/rollout_tokens_per_s": 800.0}
+    if collapse and step % 25 in (0, 1):
+      r.update({"collapse/reply_entropy": 1.2, "collapse/mutual_info": 0.4,
+                "collapse/mutual_info_max": 2.0794})
+    if step % 100 == 0 and step < 500:
+      r["eval/success"] = 0.36
+    records.append(r)
+  records.append({"step": 500, "eval/rl/success": 0.365, "eval/rl/greedy_success": 0.37})
+  return records
+
+
+class CurvePanelsTest(absltest.TestCase):
+  """The panels of curves.png for the main job's config (no training run)."""
+
+  def setUp(self):
+    super().setUp()
+    self.png = os.path.join(tempfile.mkdtemp(), "curves.png")
+    self.addCleanup(shutil.rmtree, os.path.dirname(self.png), ignore_errors=True)
+
+  def _draw(self, config, records):
+    return jtrain.plot_metrics(records, self.png, train_job.curve_panels(config), ncols=4,
+                               title=train_job.curve_title(config))
+
+  def test_key_panels_first_against_the_sft_baseline(self):
+    config = tiny.get_config()
+    if "diagnostics" in config:  # RAGEN-2's collapse diagnostics every 25 steps
+      config.diagnostics.every = 25
+    else:
+      config.diagnostics = ml_collections.ConfigDict({"every": 25})
+    drawn = self._draw(config, _main_job_records(collapse=True))
+    self.assertGreater(os.path.getsize(self.png), 10_000)
+    titles = [p.title for p in drawn]
+    self.assertEqual(titles[:7], [
+        "Eval success (T=0.5, 512 held-out levels)", "Eval greedy success (512 held-out levels)",
+        "Training success (rollouts, T=1, 64 episodes/step)",
+        "In-group reward std (episode return)", "Policy entropy (nats/token)",
+        "Mutual information I(X;Z), prompt vs reply (nats/token)",
+        "Grad norm (L2, before clipping)"])
+    keys = {p.title: [s.keys for s in p.series] for p in drawn}
+    # The evaluations after SFT, during RL and after RL are one line (no greedy
+    # evaluation during RL: its middle key is skipped).
+    self.assertEqual(keys[titles[0]], [("eval/sft/success", "eval/success", "eval/rl/success")])
+    self.assertEqual(keys[titles[1]], [("eval/sft/greedy_success", "eval/rl/greedy_success")])
+    self.assertEqual(keys[titles[3]], [("filter/reward_std_before",),
+                                       ("filter/reward_std_after",)])
+    # RAGEN-2's reply entropy with the policy entropy; I(X;Z) against its bound.
+    self.assertEqual(keys[titles[4]], [("actor/entropy",), ("collapse/reply_entropy",)])
+    self.assertEqual(keys[titles[5]], [("collapse/mutual_info",)])
+    # One update a step: the max grad norm is the mean, so not drawn.
+    self.assertEqual(keys[titles[6]], [("train/grad_norm",)])
+    by_title = {p.title: p for p in drawn}
+    self.assertEqual(by_title[titles[0]].baseline, 0.359)  # the SFT record's
+    self.assertEqual(by_title[titles[1]].baseline, 0.361)
+    self.assertEqual(by_title[titles[5]].baseline, 2.0794)
+    self.assertEqual(by_title[titles[6]].baseline, config.rl.max_grad_norm)
+    for t in titles[:3]:
+      self.assertEqual(by_title[t].ylim, (0.0, 1.0))
+    self.assertEqual(titles[7:], [
+        "PPO clip fraction (share of reply tokens)", "Reply length (tokens/turn)",
+        "Valid actions (share)", "Training score (episode return, T=1)",
+        "SFT NLL (nats/token, the steps before RL)", "Rollout throughput (sampled tokens/s)"])
+    # Per-step series smoothed (0.96 for 500 steps) from step 1; evaluations and the
+    # SFT NLL (every 50 SFT steps) as points.
+    self.assertEqual(by_title[titles[4]].smoothing, 0.96)
+    self.assertEqual(by_title[titles[4]].min_step, 1)
+    self.assertTrue(by_title[titles[0]].series[0].sparse)
+    self.assertTrue(by_title[titles[11]].series[0].sparse)
+    self.assertFalse(by_title[titles[4]].series[0].sparse)
+    self.assertTrue(by_title[titles[4]].series[1].sparse)
+    self.assertEqual(by_title[titles[4]].series[1].label,
+                     "reply entropy H(Z|X), every 25 steps")
+
+  def test_missing_collapse_keys_and_several_updates(self):
+    config = tiny.get_config()
+    config.rl.num_minibatches = 2
+    drawn = self._draw(config, _main_job_records(collapse=False))
+    titles = [p.title for p in drawn]
+    self.assertNotIn("Mutual information I(X;Z), prompt vs reply (nats/token)", titles)
+    self.assertEqual(titles[4], "Policy entropy (nats/token)")
+    self.assertEqual([s.keys for s in drawn[4].series], [("actor/entropy",)])
+    self.assertEqual(titles[5], "Grad norm (L2, before clipping)")
+    self.assertEqual([s.keys for s in drawn[5].series],
+                     [("train/grad_norm",), ("train/grad_norm_max",)])
+
+  def test_curve_keys_are_the_keys_drawn(self):
+    config = tiny.get_config()
+    config.rl.ppo_epochs = 2
+    panels = train_job.curve_panels(config)
+    drawn = {k for p in panels for s in p.series for k in s.keys}
+    drawn |= {p.baseline for p in panels if isinstance(p.baseline, str)}
+    self.assertEqual(drawn, set(train_job.CURVE_KEYS))
+    self.assertLen(train_job.CURVE_KEYS, len(set(train_job.CURVE_KEYS)))
+
+  def test_curve_smoothing(self):
+    self.assertEqual([train_job.curve_smoothing(n) for n in (500, 100, 40, 8, 0, 10_000)],
+                     [0.96, 0.8, 0.5, 0.5, 0.5, 0.98])
 
 
 class _Killed(Exception):
