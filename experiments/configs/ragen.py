@@ -50,8 +50,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       system=_RAGEN_PROMPT.system, instructions="", first_turn=_RAGEN_PROMPT.first_turn,
       next_turn=_RAGEN_PROMPT.next_turn, think=True,
       max_actions_per_turn=_RAGEN_PROMPT.max_actions_per_turn, chat_template=""))
+  # RAGEN v1 keeps the whole conversation in context (its "full" mode).
   c.rollout.update(dict(num_groups=8, group_size=16, max_tokens_per_turn=400,
-                        temperature=1.0))
+                        temperature=1.0, history_turns=-1))
   c.sft.update(dict(steps=0))
   filter_value = 0.25 if c.algorithm == "starpo_s" else 1.0
   # RAGEN's 32-row PPO minibatches of the trained rows (kept groups x 16).

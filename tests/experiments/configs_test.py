@@ -58,6 +58,7 @@ class RagenConfigsTest(parameterized.TestCase):
     self.assertEqual(c.rl.num_minibatches, 1)
     self.assertEqual(ragen.get_config("Sokoban-6x6-1box-v0,ppo").rl.num_minibatches, 4)
     self.assertEqual((c.sft.steps, c.prompt.think, c.prompt.max_actions_per_turn), (0, True, 5))
+    self.assertEqual(c.rollout.history_turns, -1)  # RAGEN v1: the whole conversation
     self.assertEqual((c.eval.num_levels, c.eval.seed, c.eval.temperature), (256, 123, 0.5))
 
   def test_without_a_model_directory_the_tokenizer_is_named(self):
