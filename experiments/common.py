@@ -19,12 +19,14 @@ the same config, and only process 0 writes files other than checkpoints
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import re
 import time
 from typing import Any, Callable
 
+from absl import logging
 import jax
 import numpy as np
 
@@ -368,7 +370,6 @@ class Experiment:
     if micro == -1:  # one row per device (data x fsdp) in each micro-batch
       micro = minibatch_rows // sharding.rows_size(self.mesh)
     self.train_config = train_config(c, self.model_config, micro)
-    self.eval_keys = jax.random.split(jax.random.key(c.eval.seed), c.eval.num_levels)
     self._signature = None
     # Sharded programs are shared only by Experiments on the same devices.
     self._devices_key = (tuple(self.mesh.shape.values()),
@@ -605,6 +606,56 @@ class Experiment:
     return state, out
 
   # ---------------------------------------------------------------------- eval
+  def trained_reset_keys(self) -> jax.Array:
+    """Typed PRNG keys of every level this run trains on (SFT demonstrations, RL steps)."""
+    c = self.config
+    steps = jax.numpy.arange(c.rl.steps)
+    keys = [jax.vmap(lambda s: rollout.group_reset_keys(self.rl_key(s), c.rollout.num_groups))(
+        steps).reshape(-1)]
+    if c.sft.steps and c.sft.get("expert", "solver") == "solver":
+      keys.append(rollout.group_reset_keys(jax.random.fold_in(jax.random.key(c.seed), 1),
+                                           c.sft.num_demos))
+    return jax.numpy.concatenate(keys)
+
+  def held_out_keys(self, trained: jax.Array) -> tuple[jax.Array, int]:
+    """``(reset keys [eval.num_levels], removed)``: evaluation levels not in ``trained``.
+
+    The plain set is ``split(key(eval.seed), eval.num_levels)``; a level of it
+    that is a trained level (``jagent.train.held_out_reset_keys``) is replaced
+    by the next fresh one of a second stream (``fold_in(key(eval.seed), 1)``),
+    so the other levels stay those of the plain set. ``removed`` is -1 when
+    the game has too few distinct levels to hold any out (then the plain set
+    is evaluated, with a warning).
+    """
+    c = self.config
+    plain = jax.random.split(jax.random.key(c.eval.seed), c.eval.num_levels)
+    extra = jax.random.split(jax.random.fold_in(jax.random.key(c.eval.seed), 1),
+                             8 * c.eval.num_levels)
+    try:
+      return train.held_out_reset_keys(self.env, self.text_env.env_params,
+                                       jax.numpy.concatenate([plain, extra]), trained,
+                                       c.eval.num_levels)
+    except ValueError as e:
+      logging.warning("config.eval.held_out: %s; evaluating on the plain levels", e)
+      return plain, -1
+
+  @functools.cached_property
+  def eval_keys(self) -> jax.Array:
+    """Typed PRNG keys ``[eval.num_levels]`` of the evaluation levels.
+
+    With ``config.eval.held_out`` (the tiny configs' default) they are held
+    out of this run's training levels (:meth:`held_out_keys`;
+    :attr:`eval_levels_removed` tells how many were replaced); otherwise (and
+    in runs saved before the field) ``split(key(eval.seed), eval.num_levels)``.
+    Computed on first use; a sweep assigns the set held out of all its runs.
+    """
+    c = self.config
+    if c.eval.get("held_out", False):
+      keys, self.eval_levels_removed = self.held_out_keys(self.trained_reset_keys())
+      return keys
+    self.eval_levels_removed = 0
+    return jax.random.split(jax.random.key(c.eval.seed), c.eval.num_levels)
+
   def eval_key(self) -> jax.Array:
     """The evaluation's sampling key (the initial states are :attr:`eval_keys`)."""
     return jax.random.key(self.config.seed + 3)
@@ -633,6 +684,8 @@ class Experiment:
       out["greedy_success"] = g["success"]
       out["greedy_score"] = g["score"]
     out["num_levels"] = c.eval.num_levels
+    _ = self.eval_keys  # computed on first use; sets eval_levels_removed
+    out["held_out_removed"] = int(self.eval_levels_removed)
     traj = sharding.to_host(traj)  # all processes gather (a collective), one writes
     if self.is_primary:
       os.makedirs(os.path.join(workdir, "samples"), exist_ok=True)

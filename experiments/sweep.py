@@ -330,6 +330,10 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   seconds["sft"] = time.perf_counter() - t0
 
   t0 = time.perf_counter()
+  if c.eval.get("held_out", False):  # one level set, held out of every run's training levels
+    held, removed = exp.held_out_keys(jnp.concatenate([e.trained_reset_keys() for e in exps]))
+    for e in exps:
+      e.eval_keys, e.eval_levels_removed = held, removed
   eval_keys = jnp.stack([e.eval_key() for e in exps])
   sft_eval = _evaluate(exp, params, eval_keys, batching)
   seconds["eval"] = time.perf_counter() - t0
@@ -361,7 +365,8 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
                    **{stage: {k: _mean_std([r[stage][k] for r in members])
                               for k in members[0][stage]} for stage in ("sft", "rl")}})
   summary = {"env": c.env, "algorithm": c.algorithm, "field": field, "batching": batching,
-             "runs": out_runs,
+             "runs": out_runs, "num_levels": c.eval.num_levels,
+             "held_out_removed": int(getattr(exp, "eval_levels_removed", 0)),
              "groups": groups, "seconds": {k: round(v, 2) for k, v in seconds.items()}}
   if workdir:
     os.makedirs(workdir, exist_ok=True)

@@ -105,8 +105,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # PPO old log-probs and skip a forward pass ("recompute": RAGEN's way).
       old_logprobs="sampler"))
 
+  # held_out: evaluation levels that are also training levels (same initial
+  # state) are replaced by fresh ones; the summary's held_out_removed counts
+  # them (35% of 512 Sokoban-6x6 levels were training levels of the main job).
   c.eval = ml_collections.ConfigDict(dict(
       num_levels=512, seed=123, every=50, temperature=0.5, greedy=True, num_groups=64,
-      samples=4))
+      samples=4, held_out=True))
   c.checkpoint = ml_collections.ConfigDict(dict(every=50, keep=2))
   return c

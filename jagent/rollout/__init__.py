@@ -18,6 +18,7 @@ from jagent.rollout._parse import ParsedReply
 from jagent.rollout._parse import ParseSpec
 from jagent.rollout._parse import reference_parse
 from jagent.rollout._rollout import context_size
+from jagent.rollout._rollout import group_reset_keys
 from jagent.rollout._rollout import make_rollout
 from jagent.rollout._rollout import RolloutConfig
 from jagent.rollout._text import Conversation
@@ -45,6 +46,7 @@ __all__ = (
     "demonstrations",
     "expert_rollout",
     "format_reward",
+    "group_reset_keys",
     "host_rollout",
     "make_expert",
     "make_rollout",

@@ -287,9 +287,9 @@ def _play(replier: _Replier, key, envs, conversation, *, config, context_size, p
   free_text = not spec.action_names
   k_actions = 1 if free_text else spec.max_actions_per_turn
   table, table_len = tok.token_bytes()
-  k_reset, _, env_key = jax.random.split(key, 3)  # the middle key samples replies
+  _, _, env_key = jax.random.split(key, 3)  # the middle key samples replies
   if reset_keys is None:
-    reset_keys = jax.random.split(k_reset, config.num_groups)
+    reset_keys = _rollout.group_reset_keys(key, config.num_groups)
   reset_key = _key_rows(reset_keys)
   states = [envs[b].reset(reset_key(b // g)) for b in range(b_size)]
 

@@ -150,6 +150,26 @@ def context_size(text_env: _text.TextEnv, config: RolloutConfig) -> int:
   return min_context_size(text_env, config)
 
 
+def group_reset_keys(key: jax.Array, num_groups: int) -> jax.Array:
+  """The reset keys of the groups a rollout with ``key`` plays (no ``reset_keys`` given).
+
+  :func:`make_rollout`, :func:`jagent.rollout.host_rollout` and
+  :func:`jagent.rollout.expert_rollout` all split ``key`` into (reset,
+  sample, env) keys and the reset key into one key per group; this is that
+  derivation, so a caller can list the levels a run trains on (e.g. to hold
+  evaluation levels out of them) without playing them.
+
+  Args:
+    key: the rollout's typed PRNG key ``[]``.
+    num_groups: G.
+
+  Returns:
+    typed PRNG keys ``[G]``; group g's initial state is
+    ``env.reset(keys[g], env_params)``.
+  """
+  return jax.random.split(jax.random.split(key, 3)[0], num_groups)
+
+
 def _hash(symbols: jax.Array) -> jax.Array:
   """int32 [...] polynomial hash of int32 [..., n] symbol ids (wrapping)."""
   weights = jnp.asarray(np.array([pow(1000003, k, 2**32) for k in range(symbols.shape[-1])],
@@ -344,9 +364,9 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
 
   def initial_states(key, reset_keys):
     """The sampling and env keys, and the B initial states (group-major)."""
-    k_reset, k_sample, k_env = jax.random.split(key, 3)
+    _, k_sample, k_env = jax.random.split(key, 3)
     if reset_keys is None:
-      reset_keys = jax.random.split(k_reset, config.num_groups)
+      reset_keys = group_reset_keys(key, config.num_groups)
     row_keys = jnp.repeat(reset_keys, g_size, axis=0)
     _, state = jax.vmap(env.reset, in_axes=(0, None))(row_keys, env_params)
     return k_sample, k_env, state

@@ -37,6 +37,7 @@ from jagent.train._critic import ValueHead
 from jagent.train._eval import decode_samples
 from jagent.train._eval import eval_program
 from jagent.train._eval import evaluate
+from jagent.train._eval import held_out_reset_keys
 from jagent.train._logprobs import LogprobsOutput
 from jagent.train._logprobs import token_logprobs
 from jagent.train._metrics import MetricsWriter
@@ -89,6 +90,7 @@ __all__ = (
     "eval_program",
     "evaluate",
     "export_policy",
+    "held_out_reset_keys",
     "init_critic",
     "init_train_state",
     "iteration_filter",
