@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from absl import logging
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import envs_jax
@@ -181,6 +182,68 @@ def filter_config(config) -> losses.FilterConfig:
       "include_zero": ("rl.include_zero", rl.include_zero)})
 
 
+# The Echo Trap early warning (collapse_alert): a metric and its floor in
+# config.diagnostics.
+ALERT_FLOORS = (("filter/reward_std_before", "min_reward_std"),
+                ("actor/entropy", "min_entropy"),
+                ("collapse/mutual_info", "min_mutual_info"))
+
+
+def diagnostics_every(config) -> int:
+  """``config.diagnostics.every``: 0 (off) when the block is absent (runs saved before it)."""
+  d = config.get("diagnostics")
+  return 0 if d is None else d.get("every", 0)
+
+
+def diagnostics_due(step, every: int):
+  """Whether RL step ``step`` (0-based; a Python or traced int) runs the diagnostics.
+
+  The first step and every ``every``-th (``step + 1`` a multiple of
+  ``every``, as ``eval.every``), so they are logged at steps 1, every,
+  2 every, ...; ``every`` must be >= 1.
+  """
+  return (step == 0) | ((step + 1) % every == 0)
+
+
+def collapse_alert(config, step: int, metrics: dict) -> str | None:
+  """The Echo Trap warning of logged step ``step``, or None.
+
+  On the steps that ran the diagnostics (``collapse/mutual_info`` in
+  ``metrics``), each of :data:`ALERT_FLOORS` whose metric is below its
+  floor ``config.diagnostics.min_*`` (a floor of 0 checks nothing; NaN is
+  never below it) is named on one line: RAGEN's early signs of the Echo
+  Trap (in-group reward std and policy entropy falling) and RAGEN-2's
+  template collapse (``I(X;Z)`` falling).
+  """
+  d = config.get("diagnostics")
+  if d is None or "collapse/mutual_info" not in metrics:
+    return None
+  crossed = [f"{key}={metrics[key]:.4g} < diagnostics.{floor}={d[floor]:g}"
+             for key, floor in ALERT_FLOORS
+             if d.get(floor, 0) > 0 and key in metrics and metrics[key] < d[floor]]
+  if not crossed:
+    return None
+  return f"Echo Trap warning at step {step}: " + "; ".join(crossed)
+
+
+def _validate_diagnostics(config) -> None:
+  """``config.diagnostics`` (absent in runs saved before it: off)."""
+  d = config.get("diagnostics")
+  if d is None:
+    return
+  every = d.get("every", 0)
+  if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+    raise _bad("diagnostics.every", every, "must be an int >= 0 (0: no diagnostics)")
+  rows = d.get("num_rows", 32)
+  if isinstance(rows, bool) or not isinstance(rows, int) or rows < 2:
+    raise _bad("diagnostics.num_rows", rows,
+               "must be an int >= 2 (I(X;Z) compares replies across prompts)")
+  for _, floor in ALERT_FLOORS:
+    v = d.get(floor, 0.0)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+      raise _bad(f"diagnostics.{floor}", v, "must be a finite float >= 0 (0: no alert)")
+
+
 def validate(config, num_devices: int | None = None) -> None:
   """Checks a train/eval config; raises ValueError naming the first bad field.
 
@@ -246,6 +309,7 @@ def validate(config, num_devices: int | None = None) -> None:
                f"must be in [1, prompt.max_actions_per_turn="
                f"{config.prompt.max_actions_per_turn}]")
   eval_rollout_config(config)  # eval.num_groups, eval.temperature
+  _validate_diagnostics(config)
   if not isinstance(config.eval.num_levels, int) or config.eval.num_levels < 1:
     raise _bad("eval.num_levels", config.eval.num_levels, "must be an int >= 1")
   if config.eval.num_levels % config.eval.num_groups:
@@ -568,12 +632,47 @@ class Experiment:
     """One pure RL iteration (``jagent.train.rl_iteration`` with this run's pieces).
 
     ``config`` overrides :attr:`train_config` (e.g. with a traced learning
-    rate). Not jitted: jit or vmap it; :meth:`rl_step` runs it jitted.
+    rate). Not jitted: jit or vmap it; :meth:`rl_step` runs it jitted,
+    with :meth:`diagnostics` (left out here: under ``vmap`` its ``lax.cond``
+    on the batched step would run every step).
     """
     return train.rl_iteration(
         state, key, rollout_fn=self.rollout_fn("train"), objective=self.objective,
         config=self.train_config if config is None else config, num_keep=self.num_keep,
         filter_config=self.filter_config)
+
+  def diagnostics(self):
+    """The RL iteration's ``diagnostics`` hook (``config.diagnostics``), or None when off.
+
+    ``hook(state, traj, key)`` runs :func:`jagent.train.collapse_metrics`
+    (``diagnostics.num_rows`` pairs; the rollout's temperature and reply
+    bound; the format of ``prompt.think`` left out of Z) under a
+    ``lax.cond`` on :func:`diagnostics_due` of ``state.step``: on the other
+    steps it costs nothing and returns NaNs, which :meth:`rl_step` drops.
+    """
+    every = diagnostics_every(self.config)
+    if not every:
+      return None
+    d = self.config.diagnostics
+    table = self.tokenizer.token_bytes()
+    rc = self.rollout_config
+    # The full layout's pairs are first turns: X fits turn 1's prompt buffer.
+    prompt = (self.text_env.first_width if rc.history_turns < 0
+              else self.context_size - rc.max_tokens_per_turn)
+
+    def compute(state, traj, key):
+      return train.collapse_metrics(
+          state.params, traj, key, config=self.model_config, num_rows=d.get("num_rows", 32),
+          temperature=rc.temperature, reply_tokens=rc.max_tokens_per_turn,
+          prompt_tokens=prompt, token_table=table, think=self.prompt.think)
+
+    def hook(state, traj, key):
+      shapes = jax.eval_shape(compute, state, traj, key)
+      return jax.lax.cond(
+          diagnostics_due(state.step, every), lambda: compute(state, traj, key),
+          lambda: jax.tree.map(lambda x: jnp.full(x.shape, jnp.nan, x.dtype), shapes))
+
+    return hook
 
   def rl_step(self, state, step: int):
     """One iteration (rollout, compaction by the filter, update) as one jitted program.
@@ -586,19 +685,25 @@ class Experiment:
     ``throughput/env_turns_per_s`` and ``throughput/train_tokens_per_s``
     (trained context tokens, padding included), each per second of the
     whole iteration (rollout and update run in one program, so they are
-    not timed apart).
+    not timed apart). On the steps of :func:`diagnostics_due` (with
+    ``config.diagnostics.every`` > 0) also ``collapse/*``
+    (:func:`jagent.train.collapse_metrics` of this step's rollout under the
+    policy that sampled it).
     """
     def build():
       return sharding.shard_rl_iteration(
           self.rollout_fn("train"), self.objective, self.train_config, self.mesh,
           sharding.train_state_shardings(state, self.mesh), num_keep=self.num_keep,
-          filter_config=self.filter_config)
+          filter_config=self.filter_config, diagnostics=self.diagnostics())
 
     fn = shared_program(("rl_iteration", self.signature(), self._devices_key), build)
     t0 = time.perf_counter()
     state, m = fn(state, self.rl_key(step))
     out = {k: float(v) for k, v in jax.device_get(m).items()}
     sec = time.perf_counter() - t0
+    every = diagnostics_every(self.config)
+    if every and not diagnostics_due(step, every):  # the skipped branch's NaNs
+      out = {k: v for k, v in out.items() if not k.startswith("collapse/")}
     out["time/step_seconds"] = sec
     out["throughput/rollout_tokens_per_s"] = out["rollout/sampled_tokens"] / sec
     out["throughput/env_turns_per_s"] = out["rollout/env_turns"] / sec

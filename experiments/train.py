@@ -190,6 +190,20 @@ class _NoWriter:
     pass
 
 
+def warn_collapse(config, step: int, metrics: dict, *, progress: bool = True) -> str | None:
+  """Logs the Echo Trap warning of logged step ``step`` (``common.collapse_alert``), if any.
+
+  The line goes to ``logging.warning`` and, with ``progress``, under the
+  progress bar (``tqdm.write``); it is returned (None without a warning).
+  """
+  line = common.collapse_alert(config, step, metrics)
+  if line:
+    logging.warning(line)
+    if progress:
+      tqdm.tqdm.write(line)
+  return line
+
+
 def initialize_distributed(distributed: bool, coordinator_address: str | None = None,
                            num_processes: int | None = None,
                            process_id: int | None = None) -> None:
@@ -272,15 +286,19 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   start = int(state.step)
   bar = tqdm.tqdm(range(start, steps), initial=start, total=steps, disable=not progress,
                   desc=f"{config.algorithm} on {config.env}")
+  mutual_info = None
   for step in bar:
     state, m = exp.rl_step(state, step)  # time/step_seconds included
     if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < steps:
       ev = exp.evaluate(state.params)
       m.update({f"eval/{k}": v for k, v in ev.items()})
     writer.write(step + 1, m)
+    warn_collapse(config, step + 1, m, progress=progress)
+    mutual_info = m.get("collapse/mutual_info", mutual_info)  # the last diagnosed
     bar.set_postfix(success=f"{m['rollout/success']:.2f}", score=f"{m['rollout/score']:.2f}",
                     std=f"{m['filter/reward_std_before']:.2f}",
-                    entropy=f"{m.get('actor/entropy', 0.0):.2f}")
+                    entropy=f"{m.get('actor/entropy', 0.0):.2f}",
+                    **({} if mutual_info is None else {"mi": f"{mutual_info:.2f}"}))
     if (step + 1) % config.checkpoint.every == 0 or step + 1 == steps:
       ckpt.save(step + 1, state, {"summary": summary, "seconds": time.time() - t_start})
   ckpt.close()

@@ -228,6 +228,8 @@ _SURFACES["jagent.train"] = [
     "TrainState",
     "ValueHead",
     "accumulate_gradients",
+    "collapse_estimates",
+    "collapse_metrics",
     "compact_groups",
     "critic_values",
     "current_learning_rate",

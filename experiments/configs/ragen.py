@@ -67,4 +67,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       num_microbatches=-1, ppo_epochs=1, old_logprobs="recompute"))
   c.eval.update(dict(num_levels=256, seed=123, every=10, num_groups=64))
   c.checkpoint.update(dict(every=10, keep=3))
+  # RAGEN-2's collapse detection every 5 steps (its compute_freq); Z is the
+  # reasoning inside <think>..</think> (think mode).
+  c.diagnostics.update(dict(every=5, num_rows=32))
   return c

@@ -112,4 +112,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       num_levels=512, seed=123, every=50, temperature=0.5, greedy=True, num_groups=64,
       samples=4, held_out=True))
   c.checkpoint = ml_collections.ConfigDict(dict(every=50, keep=2))
+  # RAGEN-2's collapse diagnostics (jagent.train.collapse_metrics): on the
+  # first RL step and every `every` steps (0: off), the reply entropy H(Z|X)
+  # and the mutual information I(X;Z) of num_rows (prompt, reply) pairs of
+  # that step's rollout (num_rows^2 replies scored; per token, nats), logged
+  # as collapse/*. On those steps a warning names each of in-group reward std
+  # (filter/reward_std_before), policy entropy (actor/entropy) and I(X;Z)
+  # that is below its floor (0: no check): the Echo Trap's early signs.
+  c.diagnostics = ml_collections.ConfigDict(dict(
+      every=25, num_rows=32, min_reward_std=0.1, min_entropy=0.02, min_mutual_info=0.01))
   return c

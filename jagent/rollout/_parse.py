@@ -481,3 +481,85 @@ def parse_tokens(tokens: jax.Array, lengths: jax.Array, token_table: jax.Array,
   """
   buf, n = tokenizers.gather_bytes(tokens, lengths, token_table, table_lengths, max_bytes)
   return parse_reply(buf, n, spec)
+
+
+# ----------------------------------------------------------------------------
+# The content of a reply without its format (RAGEN-2's Z, jagent.train.collapse_metrics).
+
+
+def content_span(reply: jax.Array, num_bytes: jax.Array, *, think: bool
+                 ) -> tuple[jax.Array, jax.Array]:
+  """Byte span ``[start, end)`` of each reply's content, its format left out.
+
+  RAGEN-2's reasoning Z (``docs/reference_mutual_information_metrics.md``,
+  section 2): in think mode the text before the first ``</think>`` (the
+  ``<think>`` that opens it is in the prompt), in answer-only mode the text
+  inside the first ``<answer>`` and the first ``</answer>`` after it (RAGEN
+  has no Z there; the answer is all the reply says beyond its tags). Either
+  is ``.strip()``-ed (ASCII whitespace, as the parser strips answers). A
+  reply without the closing tag has no content (RAGEN drops a reply whose
+  reasoning regex does not match): ``(0, 0)``, as for a blank one.
+
+  Args:
+    reply: uint8 [B, M] reply bytes (:func:`jagent.tokenizers.gather_bytes`).
+    num_bytes: int [B] valid bytes per row, clipped to [0, M].
+    think: the reply format (``ParseSpec.think``), static.
+
+  Returns:
+    ``(start, end)``: int32 [B] byte offsets into ``reply``; ``start == end``
+    when there is no content.
+  """
+  b, m = reply.shape
+  length = jnp.clip(jnp.asarray(num_bytes, jnp.int32), 0, m)
+  idx = jnp.arange(m, dtype=jnp.int32)[None, :]
+  in_text = idx < length[:, None]
+  text = jnp.where(in_text, reply, 0)
+  ws = in_text & ((text == ord(" ")) | ((text >= ord("\t")) & (text <= ord("\r"))))
+  if think:
+    a = jnp.zeros((b,), jnp.int32)
+    e = jnp.min(jnp.where(_window_eq(text, length, _CLOSE_THINK), idx, m), axis=1)
+    matched = e < m
+  else:
+    p = jnp.min(jnp.where(_window_eq(text, length, _OPEN_ANSWER), idx, m), axis=1)
+    a = p + len(_OPEN_ANSWER)
+    close = _window_eq(text, length, _CLOSE_ANSWER) & (idx >= a[:, None])
+    e = jnp.min(jnp.where(close, idx, m), axis=1)
+    matched = (p < m) & (e < m)
+  inside = (idx >= a[:, None]) & (idx < e[:, None]) & ~ws
+  start = jnp.min(jnp.where(inside, idx, m), axis=1)
+  end = jnp.max(jnp.where(inside, idx, -1), axis=1) + 1
+  some = matched & (end > 0)
+  return jnp.where(some, start, 0), jnp.where(some, end, 0)
+
+
+def content_mask(tokens: jax.Array, lengths: jax.Array, token_table: jax.Array,
+                 table_lengths: jax.Array, *, think: bool) -> jax.Array:
+  """bool [B, N]: the reply tokens that carry the content of :func:`content_span`.
+
+  A token belongs to the content iff its bytes overlap the content span, so
+  the tags, the whitespace around them, the end-of-turn token and anything
+  after the closing tag are left out. Tags that are tokens of their own (the
+  tiny tokenizer's :data:`jagent.tokenizers.TINY_TAGS`) are left out
+  exactly; a BPE token that merges a tag's last bytes with content (``">Up"``)
+  counts as content, so no content byte is ever lost.
+
+  Args:
+    tokens: int32 [B, N] reply token ids (the first one right after the
+      prompt).
+    lengths: int [B] reply tokens per row.
+    token_table: uint8 [V, W] from :meth:`jagent.tokenizers.Tokenizer.token_bytes`.
+    table_lengths: int32 [V].
+    think: the reply format (``ParseSpec.think``), static.
+
+  Returns:
+    bool [B, N], False past ``lengths``.
+  """
+  tokens = jnp.asarray(tokens, jnp.int32)
+  n = tokens.shape[1]
+  valid = jnp.arange(n)[None, :] < jnp.asarray(lengths)[:, None]
+  lens = jnp.where(valid, jnp.asarray(table_lengths)[tokens], 0)
+  start = jnp.cumsum(lens, axis=1) - lens
+  buf, nb = tokenizers.gather_bytes(tokens, lengths, jnp.asarray(token_table),
+                                    jnp.asarray(table_lengths), n * token_table.shape[1])
+  cs, ce = content_span(buf, nb, think=think)
+  return valid & (lens > 0) & (start < ce[:, None]) & (start + lens > cs[:, None])

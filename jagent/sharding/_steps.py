@@ -156,7 +156,8 @@ def shard_sft_step(config: _state.TrainConfig, mesh: jax.sharding.Mesh,
 def shard_rl_iteration(rollout_fn: Callable[..., _trajectory.Trajectory],
                        objective: transforms.Objective, config: _state.TrainConfig,
                        mesh: jax.sharding.Mesh, state_shardings: _state.TrainState, *,
-                       num_keep: int, filter_config: losses.FilterConfig | None = None
+                       num_keep: int, filter_config: losses.FilterConfig | None = None,
+                       diagnostics: Callable[..., dict[str, Array]] | None = None
                        ) -> Callable[[_state.TrainState, jax.Array],
                                      tuple[_state.TrainState, dict[str, Array]]]:
   """:func:`jagent.train.rl_iteration` jitted for ``mesh``, state donated.
@@ -185,8 +186,8 @@ def shard_rl_iteration(rollout_fn: Callable[..., _trajectory.Trajectory],
     config: the :class:`jagent.train.TrainConfig` (static).
     mesh: the device mesh (:func:`make_mesh`).
     state_shardings: :func:`train_state_shardings` of the state.
-    num_keep, filter_config: as :func:`jagent.train.rl_iteration` (None:
-      the objective's own filter).
+    num_keep, filter_config, diagnostics: as :func:`jagent.train.rl_iteration`
+      (``filter_config`` None: the objective's own filter).
 
   Returns:
     ``step(state, key) -> (state, metrics)``: ``key`` a typed PRNG key
@@ -212,7 +213,7 @@ def shard_rl_iteration(rollout_fn: Callable[..., _trajectory.Trajectory],
   def iteration(state, key):
     return _rl.rl_iteration(state, key, rollout_fn=rollout_fn, objective=objective,
                             config=config, num_keep=num_keep, filter_config=filter_config,
-                            rows_constraint=on_rows)
+                            rows_constraint=on_rows, diagnostics=diagnostics)
 
   jitted = jax.jit(iteration, in_shardings=(state_shardings, rep),
                    out_shardings=(state_shardings, rep), donate_argnums=0)

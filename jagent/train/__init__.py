@@ -29,6 +29,8 @@ from jagent._src.files import write_text
 from jagent.train._batch import trajectory_batch
 from jagent.train._checkpoint import Checkpointer
 from jagent.train._checkpoint import export_policy
+from jagent.train._collapse import collapse_estimates
+from jagent.train._collapse import collapse_metrics
 from jagent.train._critic import CRITIC_KINDS
 from jagent.train._critic import critic_values
 from jagent.train._critic import CriticParams
@@ -83,6 +85,8 @@ __all__ = (
     "TrainState",
     "ValueHead",
     "accumulate_gradients",
+    "collapse_estimates",
+    "collapse_metrics",
     "compact_groups",
     "critic_values",
     "current_learning_rate",

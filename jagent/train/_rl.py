@@ -27,6 +27,9 @@ from jagent.train import _batch
 from jagent.train import _state
 from jagent.train import _step
 
+# Folded into an iteration's key for its diagnostics' own key (rl_iteration).
+DIAGNOSTICS_SALT = 0x4D49
+
 
 def _check_filter_config(filter_config) -> None:
   if not isinstance(filter_config, _filters.FilterConfig):
@@ -165,7 +168,8 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
                  objective: transforms.Objective,
                  config: _state.TrainConfig, num_keep: int,
                  filter_config: losses.FilterConfig | None = None,
-                 rows_constraint: Callable[[Any], Any] | None = None
+                 rows_constraint: Callable[[Any], Any] | None = None,
+                 diagnostics: Callable[..., dict[str, jax.Array]] | None = None
                  ) -> tuple[_state.TrainState, dict[str, jax.Array]]:
   """One RL iteration: rollout -> filter -> advantages -> updates, in one program.
 
@@ -202,6 +206,13 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
       to the kept rows before the update (identity by default);
       :func:`jagent.sharding.shard_rl_iteration` passes a sharding
       constraint over rows.
+    diagnostics: optional ``diagnostics(state, traj, key) -> {name: []}``
+      computed in the same program on the input state (the policy that
+      sampled) and the whole rollout, before compaction and update, with a
+      key of its own (``key`` folded with a constant); its metrics join the
+      others (e.g. :func:`jagent.train.collapse_metrics`
+      under a ``lax.cond`` on ``state.step``, as ``experiments/common.py``
+      does).
 
   Returns:
     ``(state, metrics)``: the state after the update (``step + 1``) and a
@@ -222,6 +233,8 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
   filter_config, objective = iteration_filter(objective, filter_config)
   on_rows = rows_constraint or (lambda tree: tree)
   traj = on_rows(rollout_fn(state.params, key))
+  extra = {} if diagnostics is None else diagnostics(
+      state, traj, jax.random.fold_in(key, DIAGNOSTICS_SALT))
   kept, filter_metrics = compact_groups(traj, num_keep, filter_config)
   state, train_metrics = _step._train_step(  # pylint: disable=protected-access
       state, on_rows(_batch.trajectory_batch(kept)), objective=objective, config=config)
@@ -232,4 +245,5 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
   metrics["train/context_tokens"] = jnp.float32(np.prod(kept.tokens.shape))
   metrics.update(filter_metrics)
   metrics.update(train_metrics)
+  metrics.update(extra)
   return state, {k: f32(v).reshape(()) for k, v in metrics.items()}

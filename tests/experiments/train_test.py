@@ -70,6 +70,8 @@ def _bandit_config():
   c.eval.update(dict(num_levels=32, num_groups=32, every=_CHECKPOINT_EVERY,
                      temperature=0.5, greedy=False, samples=2))
   c.checkpoint.update(dict(every=_CHECKPOINT_EVERY, keep=2))
+  # RAGEN-2's collapse diagnostics on logged steps 1, 4 and 8.
+  c.diagnostics.update(dict(every=_CHECKPOINT_EVERY, num_rows=32))
   return c
 
 
@@ -378,6 +380,15 @@ class TrainTest(absltest.TestCase):
     # Bandit: one turn and one action per episode, 8 x 4 rollouts, 2 groups kept.
     self.assertTrue(all(r["rollout/turns"] == 1.0 for r in rl))
     self.assertTrue(all(r["filter/kept_groups"] <= 2.0 for r in rl))
+    # The collapse diagnostics' steps (diagnostics.every = 4): the first and every 4th.
+    diagnosed = [r for r in rl if "collapse/mutual_info" in r]
+    self.assertEqual([r["step"] for r in diagnosed], [1, 4, 8])
+    for r in diagnosed:
+      for k in ("collapse/reply_entropy", "collapse/mutual_info", "collapse/mutual_info_max"):
+        self.assertTrue(np.isfinite(r[k]), (k, r["step"]))
+      self.assertBetween(r["collapse/replies"], 1.0, 32.0)
+      self.assertGreaterEqual(r["collapse/reply_entropy"], 0.0)
+      self.assertLessEqual(r["collapse/mutual_info"], np.log(r["collapse/replies"]) + 1e-4)
     self.assertTrue(any("eval/sft/success" in r for r in records if r["step"] == 0))
     self.assertTrue(any("eval/success" in r for r in records if r["step"] == _CHECKPOINT_EVERY))
     self.assertTrue(any("eval/rl/success" in r for r in records if r["step"] == _RL_STEPS))

@@ -170,6 +170,34 @@ class RlIterationTest(absltest.TestCase):
               "train/grad_norm", "rollout/format_valid_frac"):
       self.assertIn(k, m)
 
+  def test_diagnostics_see_the_sampling_policy_and_change_nothing_else(self):
+    def hook(state, traj, key):
+      return {**train.collapse_metrics(state.params, traj, key, config=CFG, num_rows=4),
+              "diag/params": sum(jnp.sum(x) for x in jax.tree.leaves(state.params)),
+              "diag/score": jnp.sum(traj.scores), "diag/rows": jnp.float32(traj.scores.size),
+              "diag/key": jax.random.uniform(key)}
+
+    state, m = jax.jit(functools.partial(_iteration(_train_config()), diagnostics=hook))(
+        self.states[0], self.keys[0])
+    want_state, want = self.one(self.states[0], self.keys[0])
+    # The same update and metrics, bit for bit, plus the hook's.
+    for g, w in zip(jax.tree.leaves(state), jax.tree.leaves(want_state)):
+      if jax.dtypes.issubdtype(w.dtype, jax.dtypes.prng_key):
+        g, w = jax.random.key_data(g), jax.random.key_data(w)
+      np.testing.assert_array_equal(g, w)
+    self.assertEqual({k: float(v) for k, v in m.items() if k in want},
+                     {k: float(v) for k, v in want.items()})
+    # The input state's params (before the update), the whole rollout (not
+    # the kept groups) and a key other than the rollout's.
+    before = sum(float(jnp.sum(x)) for x in jax.tree.leaves(self.states[0].params))
+    self.assertAlmostEqual(float(m["diag/params"]), before, places=3)
+    traj = fake_rollout(self.states[0].params, self.keys[0])
+    self.assertEqual(float(m["diag/score"]), float(jnp.sum(traj.scores)))
+    self.assertEqual(float(m["diag/rows"]), N * G)
+    self.assertNotEqual(float(m["diag/key"]), float(jax.random.uniform(self.keys[0])))
+    self.assertEqual(float(m["collapse/replies"]), 4.0)
+    self.assertTrue(np.isfinite(float(m["collapse/mutual_info"])))
+
   def test_vmap_over_runs_and_learning_rates_equals_separate_runs(self):
     # Two runs (state, key, learning rate) in one vmapped program; the
     # learning rate is a traced value there and a Python float in the
