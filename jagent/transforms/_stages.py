@@ -416,8 +416,10 @@ def filter_rollouts(mode: str = "top_fraction", value: float = 0.25,
 
   Ranks groups by the in-group std of RAW trajectory scores
   (:func:`jagent.losses.filter_groups`; put this stage before any reward
-  normalisation), zeroes ``loss_mask`` on the rows of dropped groups and sets
-  ``keep`` ``[B]`` (AND-ed with an earlier filter's). Metrics:
+  normalisation) over the group's valid episodes (``row_valid``: an
+  episode dropped for a non-finite reward leaves its group's std), zeroes
+  ``loss_mask`` on the rows of dropped groups and sets ``keep`` ``[B]``
+  (AND-ed with an earlier filter's). Metrics:
   ``filter/kept_ratio``, ``filter/any_kept`` (0 means skip the step),
   ``filter/reward_std`` and ``filter/kept_reward_std``.
 
@@ -438,9 +440,12 @@ def filter_rollouts(mode: str = "top_fraction", value: float = 0.25,
   def fn(batch):
     require(batch, ("loss_mask",), "filter_rollouts")
     batch = drop_nonfinite_episodes(batch)
+    # Episodes dropped for a non-finite reward (scores zeroed) leave their
+    # group's std: it ranks by the finite members' spread.
     res = losses.filter_groups(
         losses.as_groups("scores", episode_scores(batch), batch.group_size),
-        mode, value, include_zero)
+        mode, value, include_zero,
+        losses.as_groups("row_valid", episode_valid(batch), batch.group_size))
     keep = to_rows(res.keep_rows, batch.turns_per_episode)
     if batch.keep is not None:
       require(batch, ("keep",), "filter_rollouts")
