@@ -587,8 +587,12 @@ def kl_reward_penalty(coef: float = 0.001, estimator: str = "k1",
   ``rewards -= beta * kl(old_logprobs, ref_logprobs)`` on trained tokens
   (``scores`` too, if given). With ``target`` the coefficient adapts after each
   batch: :math:`\beta \leftarrow \beta (1 + \mathrm{clip}(KL/target - 1,
-  -0.2, 0.2)\, B / horizon)`, with KL the batch mean of per-sequence mean KL.
-  Metrics ``kl_reward/kl`` and ``kl_reward/coef`` (the one applied).
+  -0.2, 0.2)\, E / horizon)`, with KL the batch mean of per-row mean KL and
+  ``E`` the number of valid episodes of the batch (verl's ``n_steps``, the
+  batch size: ``B`` with one row per episode; with turn rows the episodes,
+  not their ``B = E * T`` rows; episodes dropped for a non-finite reward do
+  not count). Metrics ``kl_reward/kl`` and ``kl_reward/coef`` (the one
+  applied).
 
   Args:
     coef: initial coefficient >= 0.
@@ -631,7 +635,9 @@ def kl_reward_penalty(coef: float = 0.001, estimator: str = "k1",
     new_coef = state.coef
     if target is not None:
       err = jnp.clip(current / target - 1.0, -0.2, 0.2)
-      new_coef = state.coef * (1.0 + err * m.shape[0] / horizon)
+      # n_steps counts episodes (verl: the batch's sequences), not turn rows.
+      episodes = jnp.sum(episode_valid(batch).astype(jnp.float32))
+      new_coef = state.coef * (1.0 + err * episodes / horizon)
     batch = add_metrics(batch, **{"kl_reward/kl": current,
                                   "kl_reward/coef": state.coef})
     return batch, KlControllerState(new_coef)
