@@ -3,7 +3,7 @@ r"""Multi-turn rollout throughput: the on-device rollout vs host-loop baselines.
     python -m experiments.benchmarks.rollout [--env=Sokoban-6x6-1box-v0] \
         [--num_groups=8] [--group_size=16] [--max_turns=5] \
         [--max_tokens_per_turn=32] [--model=tiny] [--repeats=3] \
-        [--history_turns=0,2]
+        [--history_turns=0,2] [--norl_step]
 
 Same model (``--model``, random weights), tokenizer (the tiny one), prompt
 (``PromptConfig.compact()``, think mode), batch ``B = num_groups x
@@ -31,6 +31,19 @@ length is printed so the rates compare equal work. Rows:
 - ``sampler only``: ``max_turns`` calls of :func:`jagent.models.generate` on
   the same shapes inside one jit, no environment, rendering or parsing: an
   estimate of the model's share of the on-device time.
+
+Column ``RL step s`` (on the on-device rows, ``--rl_step``): one whole RL
+step with that row's ``history_turns`` (rollout -> StarPO-S filter ->
+advantages -> update as one program,
+:meth:`experiments.common.Experiment.rl_step`) of the main job's config,
+``experiments/configs/tiny.py:<env>,starpo_s`` (its answer-only prompt and
+filter), with this run's ``--model``, batch, turns and reply budget, random
+weights (no SFT). The columns ``vs k=-1`` divide a bounded-history row's
+env turns/s and RL step time by the full-history row's. The issue's table
+(k = -1, 0, 2 with the main job's model and batch)::
+
+    python -m experiments.benchmarks.rollout --model=micro --num_groups=8 \
+        --group_size=8 --max_tokens_per_turn=6 --history_turns=0,2
 
 Every row is warmed up once (compiles; the host loops compile a few shapes),
 then the rows are timed round-robin, ``--repeats`` rounds, with the same key
@@ -80,6 +93,9 @@ _HISTORY = flags.DEFINE_list(
     "(>= 0), e.g. 0,2; the first row is always the full history (-1).")
 _SAMPLER = flags.DEFINE_bool("sampler_only", True,
                              "Also time the sampler alone on the same shapes.")
+_RL_STEP = flags.DEFINE_bool(
+    "rl_step", True, "Also time one RL step (rollout + filter + update, the main job's "
+    "experiments/configs/tiny.py) for each on-device row's history_turns.")
 
 GOAL = 3.0  # issue 5: the on-device rollout is >= 3x the RAGEN-style host loop
 
@@ -200,12 +216,59 @@ def sampler_only(params, model_config, text_env, config, s_max):
   return lambda key: run(params, key)
 
 
+def rl_step_config(model: str, env_id: str, num_groups: int, group_size: int, max_turns: int,
+                   max_tokens_per_turn: int, history_turns: int, seed: int = 0):
+  """The main job's config (``tiny.py:<env_id>,starpo_s``) at these sizes, no SFT.
+
+  Args:
+    model: a ``jagent.models`` config name (random weights).
+    env_id: a registered env id.
+    num_groups, group_size, max_turns, max_tokens_per_turn: the rollout's
+      (``config.rollout.*``).
+    history_turns: ``config.rollout.history_turns`` (-1: full history).
+    seed: ``config.seed``.
+
+  Returns:
+    An ``ml_collections.ConfigDict`` for :class:`experiments.common.Experiment`.
+  """
+  from experiments.configs import tiny  # pylint: disable=g-import-not-at-top
+  c = tiny.get_config(f"{env_id},starpo_s")
+  c.model = model
+  c.seed = seed
+  c.rollout.update(dict(num_groups=num_groups, group_size=group_size, max_turns=max_turns,
+                        max_tokens_per_turn=max_tokens_per_turn, history_turns=history_turns))
+  c.sft.steps = 0
+  return c
+
+
+def rl_stepper(config) -> tuple[Callable[[], dict[str, float]], Any]:
+  """``(step, experiment)``: ``step()`` runs one RL step of ``config`` in place.
+
+  Each call is :meth:`experiments.common.Experiment.rl_step` at step 0 (the
+  same rollout key every call, so every call does comparable work) on the
+  state the previous call returned (the state is donated); it returns that
+  step's float metrics. The first call compiles.
+  """
+  from experiments import common  # pylint: disable=g-import-not-at-top
+  exp = common.Experiment(config)  # validates (naming config fields) before compiling
+  holder = {"state": exp.rl_state(exp.init_params())}
+
+  def step():
+    holder["state"], metrics = exp.rl_step(holder["state"], 0)
+    return metrics
+
+  return step, exp
+
+
 def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: int,
         max_tokens_per_turn: int, repeats: int, seed: int = 0, verify_states: int = 64,
-        with_sampler: bool = True, history_turns=()) -> dict[str, Any]:
+        with_sampler: bool = True, history_turns=(), with_rl_step: bool = True
+        ) -> dict[str, Any]:
   """Builds the model, env and rollouts, times every row; returns the results.
 
   ``history_turns``: k >= 0 of the extra bounded-history on-device rows.
+  ``with_rl_step``: also time one RL step (:func:`rl_step_config`) for each
+  on-device row's k (-1 and ``history_turns``), in the same rounds.
 
   Raises:
     ValueError: a bad size, repeat count, model, env name or history_turns
@@ -225,6 +288,13 @@ def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: in
   config = rollout.RolloutConfig(num_groups=num_groups, group_size=group_size,
                                  max_turns=max_turns, max_tokens_per_turn=max_tokens_per_turn,
                                  temperature=1.0)
+  rl_configs = {}
+  if with_rl_step:
+    from experiments import common  # pylint: disable=g-import-not-at-top
+    for k in [-1, *history_turns]:
+      rl_configs[k] = rl_step_config(model, env_id, num_groups, group_size, max_turns,
+                                     max_tokens_per_turn, k, seed)
+      common.validate(rl_configs[k])  # a bad config fails here, naming its field
   env, env_params = envs_jax.make(env_id)
   tok = tokenizers.load_tiny_tokenizer()
   model_config = models.get_config(model)
@@ -240,6 +310,7 @@ def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: in
   compiled = device_fn.lower(params, key).compile()
   rows.append(warm_up("on-device (make_rollout)", lambda: compiled(params, key),
                       time.perf_counter() - t0))
+  rows[0]["history_turns"] = -1
   memory = compiled_memory(compiled)
   device_peak = device_peak_mb()
   if with_sampler:
@@ -258,9 +329,33 @@ def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: in
     contexts[k] = rollout.context_size(text_env, k_config)
     fn = rollout.make_rollout(text_env, model_config, k_config, env_params)
     rows.append(warm_up(f"on-device, history_turns={k}", lambda fn=fn: fn(params, key)))
-  time_rounds(rows, repeats)
+    rows[-1]["history_turns"] = k
+  steps, rl_info = [], None
+  for k, rl_config in rl_configs.items():
+    step, exp = rl_stepper(rl_config)
+    entry = warm_up(f"RL step, history_turns={k}", step)
+    entry["history_turns"] = k
+    steps.append(entry)
+    rl_info = dict(config=f"experiments/configs/tiny.py:{env_id},starpo_s",
+                   algorithm=exp.config.algorithm, model=model, batch=config.batch_size,
+                   kept_groups=exp.num_keep, sft_steps=0)
+  time_rounds(rows + steps, repeats)
   if with_sampler:
     rows[1]["share_of_device"] = rows[1]["seconds"] / rows[0]["seconds"]
+  by_k = {r["history_turns"]: r for r in rows if "history_turns" in r}
+  for entry in steps:
+    row = by_k[entry["history_turns"]]
+    row["rl_step_seconds"] = entry["seconds"]
+    row["rl_step_all_seconds"] = entry["all_seconds"]
+    row["rl_step_warmup_seconds"] = entry["warmup_seconds"]
+  full = by_k[-1]
+  for k, row in by_k.items():
+    if k >= 0:
+      row["vs_full_history"] = {
+          "turns_per_s": row["turns_per_s"] / full["turns_per_s"],
+          "tokens_per_s": row["tokens_per_s"] / full["tokens_per_s"],
+          "rl_step_seconds": (row["rl_step_seconds"] / full["rl_step_seconds"]
+                              if "rl_step_seconds" in row else None)}
 
   by_name = {r["name"]: r for r in rows}
   dev = by_name["on-device (make_rollout)"]
@@ -274,7 +369,8 @@ def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: in
               max_tokens_per_turn=max_tokens_per_turn, context_size=s_max,
               history_context_sizes=contexts,
               first_width=text_env.first_width, next_width=text_env.next_width,
-              repeats=repeats, rows=rows, ratios=ratios, compiled_memory=memory,
+              repeats=repeats, rows=rows, ratios=ratios, rl_step=rl_info,
+              compiled_memory=memory,
               device_peak_mb=device_peak, backend=jax.default_backend(),
               cpu_count=os.cpu_count(), load_average=os.getloadavg())
 
@@ -292,15 +388,26 @@ def report(res: dict[str, Any]) -> None:
         + " ".join(f"{x:.2f}" for x in res["load_average"]))
   header = (f"{'rollout':34s}{'best s':>9s}{'worst s':>9s}{'compile+1st s':>14s}{'env turns':>10s}"
             f"{'turns/s':>10s}{'tokens':>8s}{'tokens/s':>10s}{'mean reply':>11s}"
-            f"{'peak RSS MB':>12s}")
+            f"{'peak RSS MB':>12s}{'RL step s':>10s}{'turns/s vs k=-1':>16s}"
+            f"{'step s vs k=-1':>15s}")
   print(header)
   print("-" * len(header))
   for r in res["rows"]:
+    vs = r.get("vs_full_history", {})
     print(f"{r['name']:34s}{r['seconds']:9.3f}{max(r['all_seconds']):9.3f}"
           f"{r['warmup_seconds']:14.1f}"
           f"{_fmt(r['env_turns'], 'd'):>10s}{_fmt(r['turns_per_s'], ',.1f'):>10s}"
           f"{_fmt(r['tokens'], 'd'):>8s}{_fmt(r['tokens_per_s'], ',.0f'):>10s}"
-          f"{_fmt(r['mean_reply'], '.1f'):>11s}{r['peak_rss_mb']:12.0f}")
+          f"{_fmt(r['mean_reply'], '.1f'):>11s}{r['peak_rss_mb']:12.0f}"
+          f"{_fmt(r.get('rl_step_seconds'), '.3f'):>10s}"
+          f"{_fmt(vs.get('turns_per_s'), '.2f'):>16s}"
+          f"{_fmt(vs.get('rl_step_seconds'), '.2f'):>15s}")
+  rl = res.get("rl_step")
+  if rl is not None:
+    print(f"RL step s: one RL step (rollout + filter + update, Experiment.rl_step) of "
+          f"{rl['config']} ({rl['algorithm']}, {rl['kept_groups']} of "
+          f"{res['num_groups']} groups kept), model {rl['model']}, batch {rl['batch']}, random "
+          "weights, the same key every call; vs k=-1: a row's value / the full-history row's")
   for k, s in res.get("history_context_sizes", {}).items():
     print(f"history_turns={k}: context {s} tokens a row, one row per turn")
   q = res["ratios"]
@@ -334,7 +441,8 @@ def main(argv):
   del argv
   report(run(_MODEL.value, _ENV.value, _GROUPS.value, _GROUP_SIZE.value, _TURNS.value,
              _TOKENS.value, _REPEATS.value, seed=_SEED.value, verify_states=_VERIFY.value,
-             with_sampler=_SAMPLER.value, history_turns=_HISTORY.value))
+             with_sampler=_SAMPLER.value, history_turns=_HISTORY.value,
+             with_rl_step=_RL_STEP.value))
 
 
 if __name__ == "__main__":

@@ -347,7 +347,7 @@ def group_members(scores_g: ArrayLike, valid_g: ArrayLike | None = None) -> Arra
   return v & jnp.asarray(valid_g, jnp.bool_)
 
 
-def _masked_centred_std(s_g, v_g):
+def masked_centred_std(s_g, v_g):
   """Like :func:`_group_centred_std` over the members ``v_g`` only.
 
   Returns ``(c, std, n)``: centred scores (0 off the members and where the
@@ -411,7 +411,7 @@ def grpo_advantages(
   v = group_members(s, valid_g)
   c, std = _group_centred_std(s)
   plain = c / (std + eps) if normalize_std else c
-  mc, mstd, _ = _masked_centred_std(s, v)
+  mc, mstd, _ = masked_centred_std(s, v)
   masked = mc / (mstd + eps) if normalize_std else mc
   # The unmasked formula whenever every member counts (bit for bit as before).
   return jnp.where(jnp.all(v), plain, masked)
@@ -472,7 +472,7 @@ def rloo_advantages(scores_g: ArrayLike,
   if g == 1:
     return jnp.zeros_like(s)
   v = group_members(s, valid_g)
-  mc, _, n = _masked_centred_std(s, v)
+  mc, _, n = masked_centred_std(s, v)
   masked = jnp.where(n > 1.0, mc * n / jnp.maximum(n - 1.0, 1.0), 0.0)
   return jnp.where(jnp.all(v), centred(s) * (g / (g - 1)), masked)
 

@@ -5,7 +5,9 @@ Input is the RAW trajectory scores of a batch reshaped into groups,
 over groups (and rows) with static shapes: nothing is sliced, dropped rows are
 masked out downstream. Ranking is by the unbiased in-group std, computed on
 the sorted scores so that groups with the same multiset of scores get
-bit-identical std; ties break towards the lower group index.
+bit-identical std; ties break towards the lower group index. Members whose
+score is not finite (a broken environment reward) or that are marked invalid
+are left out of their group's std, so the ranking never reads a NaN.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 
 from jagent._src.types import Array
@@ -37,7 +40,8 @@ class FilterResult(NamedTuple):
   Attributes:
     keep: bool ``[B // G]``, the kept groups.
     keep_rows: bool ``[B]``, ``keep`` repeated over each group's rows.
-    group_std: float32 ``[B // G]``, unbiased in-group std of the raw scores.
+    group_std: float32 ``[B // G]``, unbiased in-group std of the raw scores
+      (of the finite, valid members: :func:`group_std`).
     kept_ratio: float32 ``[]``, kept groups / all groups.
     any_kept: bool ``[]``; False means "nothing survived: skip this step".
     std_mean: float32 ``[]``, mean group std before filtering.
@@ -53,25 +57,47 @@ class FilterResult(NamedTuple):
   kept_std_mean: Array
 
 
-def group_std(scores_ng: ArrayLike) -> Array:
+def group_std(scores_ng: ArrayLike, valid_ng: ArrayLike | None = None) -> Array:
   """Unbiased std of each group, invariant to the order inside a group.
+
+  Only the group's members count: finite scores, and ``valid_ng`` if given
+  (as :func:`jagent.losses.grpo_advantages` counts them). A group with fewer
+  than two members has std 0, and so has a group whose members' std is
+  still not finite (float32 overflow of scores beyond ~1e19): it carries no
+  usable spread, so it ranks with the zero-std groups (after every group with
+  spread). With every member finite and valid the result is the plain
+  formula bit for bit.
 
   Args:
     scores_ng: float ``[B // G, G]`` raw trajectory scores.
+    valid_ng: optional bool ``[B // G, G]``, False for members to leave out
+      (e.g. episodes dropped for a non-finite reward).
 
   Returns:
-    float32 ``[B // G]``; 0 for groups of one.
+    float32 ``[B // G]``, finite and >= 0; 0 for groups of one.
 
   Raises:
-    ValueError: if ``scores_ng`` is not a rank-2 float array.
+    ValueError: if ``scores_ng`` is not a rank-2 float array, or
+      ``valid_ng`` not of its shape.
   """
   _checks.check_rank("scores_ng", scores_ng, 2, "B // G, G")
   _checks.check_float("scores_ng", scores_ng)
-  s = jnp.sort(_checks.f32(scores_ng), axis=1)
-  g = s.shape[1]
+  if valid_ng is not None:
+    _checks.check_same_shape(("scores_ng", "valid_ng"), (scores_ng, valid_ng))
+  x = _checks.f32(scores_ng)
+  g = x.shape[1]
   if g == 1:
-    return jnp.zeros(s.shape[:1], jnp.float32)
-  return jnp.sqrt(jnp.sum(jnp.square(_advantages.centred(s, axis=1)), axis=1) / (g - 1))
+    return jnp.zeros(x.shape[:1], jnp.float32)
+  members = jnp.isfinite(x)
+  if valid_ng is not None:
+    members &= jnp.asarray(valid_ng, jnp.bool_)
+  # Non-members sort last (+inf), so the members' order is canonical too.
+  s = jnp.sort(jnp.where(members, x, jnp.inf), axis=1)
+  m = jnp.isfinite(s)
+  plain = jnp.sqrt(jnp.sum(jnp.square(_advantages.centred(s, axis=1)), axis=1) / (g - 1))
+  masked = jax.vmap(lambda s_g, m_g: _advantages.masked_centred_std(s_g, m_g)[1])(s, m)
+  std = jnp.where(jnp.all(m, axis=1), plain, masked)
+  return jnp.where(jnp.isfinite(std), std, 0.0)
 
 
 def _ranks(std, eligible):
@@ -153,6 +179,7 @@ def filter_groups(
     mode: str = TOP_FRACTION,
     value: float = 0.25,
     include_zero: bool = True,
+    valid_ng: ArrayLike | None = None,
 ) -> FilterResult:
   """Keeps the groups whose raw rewards vary most (uncertainty filtering).
 
@@ -171,6 +198,12 @@ def filter_groups(
   With ``include_zero=False`` groups of zero std are never kept by any mode
   (DAPO-style dynamic sampling). Ties break towards the lower group index.
 
+  Non-finite scores (NaN, inf) and members with ``valid_ng`` False are left
+  out of their group's std (:func:`group_std`): such a group ranks by its
+  finite members' spread, and one with fewer than two of them (or a std that
+  overflows) counts as a zero-std group. The ranking is therefore the same
+  whatever the NaNs' payloads or positions.
+
   Args:
     scores_ng: float ``[B // G, G]`` RAW trajectory scores (not normalised;
       RAGEN v1 ranked normalised scores, a known bug).
@@ -179,6 +212,9 @@ def filter_groups(
       >= 1 (``top_k``), share in (0, inf) (``top_p``), ratio in [0, 1]
       (``min_p``).
     include_zero: whether zero-std groups may be kept.
+    valid_ng: optional bool ``[B // G, G]``: False leaves a member out of
+      its group's std (e.g. an episode dropped for a non-finite reward,
+      whose score was then zeroed).
 
   Returns:
     :class:`FilterResult`.
@@ -192,7 +228,7 @@ def filter_groups(
     sampling (https://arxiv.org/abs/2503.14476).
   """
   check_filter_args(mode, value)
-  std = group_std(scores_ng)
+  std = group_std(scores_ng, valid_ng)
   n, g = _checks.shape_of(scores_ng)
   nonzero = std > ZERO_STD
   eligible = nonzero if not include_zero else jnp.ones_like(nonzero)

@@ -255,6 +255,16 @@ def drop_nonfinite_episodes(batch: Batch) -> Batch:
   episodes, marks it done). With finite input every field keeps its values
   (``row_valid`` becomes all True if it was None).
 
+  Why in every stage and not once at an entry point (``trajectory_batch``,
+  ``Objective.update``): the stages are public and compose on their own
+  (``transforms.chain``, ``transforms.make_advantage``, a user's own loop
+  over a Batch built by hand), so each must be correct on its own input; an
+  entry point would cover rollouts or objectives only, and GAE's whitening
+  would turn one NaN reward into NaN advantages for the whole batch of a
+  bare stage. The marker is a key of the metrics dict, part of the pytree's
+  static structure: the later stages' calls return at trace time and add
+  nothing to the compiled program.
+
   Args:
     batch: a :class:`Batch` with ``loss_mask`` and optionally ``rewards``
       ``[B, S]``, ``scores`` ``[B]`` and ``row_valid`` ``[B]``.

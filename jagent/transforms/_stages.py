@@ -416,8 +416,10 @@ def filter_rollouts(mode: str = "top_fraction", value: float = 0.25,
 
   Ranks groups by the in-group std of RAW trajectory scores
   (:func:`jagent.losses.filter_groups`; put this stage before any reward
-  normalisation), zeroes ``loss_mask`` on the rows of dropped groups and sets
-  ``keep`` ``[B]`` (AND-ed with an earlier filter's). Metrics:
+  normalisation) over the group's valid episodes (``row_valid``: an
+  episode dropped for a non-finite reward leaves its group's std), zeroes
+  ``loss_mask`` on the rows of dropped groups and sets ``keep`` ``[B]``
+  (AND-ed with an earlier filter's). Metrics:
   ``filter/kept_ratio``, ``filter/any_kept`` (0 means skip the step),
   ``filter/reward_std`` and ``filter/kept_reward_std``.
 
@@ -438,9 +440,12 @@ def filter_rollouts(mode: str = "top_fraction", value: float = 0.25,
   def fn(batch):
     require(batch, ("loss_mask",), "filter_rollouts")
     batch = drop_nonfinite_episodes(batch)
+    # Episodes dropped for a non-finite reward (scores zeroed) leave their
+    # group's std: it ranks by the finite members' spread.
     res = losses.filter_groups(
         losses.as_groups("scores", episode_scores(batch), batch.group_size),
-        mode, value, include_zero)
+        mode, value, include_zero,
+        losses.as_groups("row_valid", episode_valid(batch), batch.group_size))
     keep = to_rows(res.keep_rows, batch.turns_per_episode)
     if batch.keep is not None:
       require(batch, ("keep",), "filter_rollouts")
@@ -582,8 +587,12 @@ def kl_reward_penalty(coef: float = 0.001, estimator: str = "k1",
   ``rewards -= beta * kl(old_logprobs, ref_logprobs)`` on trained tokens
   (``scores`` too, if given). With ``target`` the coefficient adapts after each
   batch: :math:`\beta \leftarrow \beta (1 + \mathrm{clip}(KL/target - 1,
-  -0.2, 0.2)\, B / horizon)`, with KL the batch mean of per-sequence mean KL.
-  Metrics ``kl_reward/kl`` and ``kl_reward/coef`` (the one applied).
+  -0.2, 0.2)\, E / horizon)`, with KL the batch mean of per-row mean KL and
+  ``E`` the number of valid episodes of the batch (verl's ``n_steps``, the
+  batch size: ``B`` with one row per episode; with turn rows the episodes,
+  not their ``B = E * T`` rows; episodes dropped for a non-finite reward do
+  not count). Metrics ``kl_reward/kl`` and ``kl_reward/coef`` (the one
+  applied).
 
   Args:
     coef: initial coefficient >= 0.
@@ -626,7 +635,9 @@ def kl_reward_penalty(coef: float = 0.001, estimator: str = "k1",
     new_coef = state.coef
     if target is not None:
       err = jnp.clip(current / target - 1.0, -0.2, 0.2)
-      new_coef = state.coef * (1.0 + err * m.shape[0] / horizon)
+      # n_steps counts episodes (verl: the batch's sequences), not turn rows.
+      episodes = jnp.sum(episode_valid(batch).astype(jnp.float32))
+      new_coef = state.coef * (1.0 + err * episodes / horizon)
     batch = add_metrics(batch, **{"kl_reward/kl": current,
                                   "kl_reward/coef": state.coef})
     return batch, KlControllerState(new_coef)

@@ -2,10 +2,13 @@
 
 The sharded train step and rollout on meshes (data, fsdp, tensor) = (8,1,1),
 (2,2,2) and (1,2,4) of the 8 fake CPU devices (tests/conftest.py) must give
-the single-device ``train.train_step`` / ``rollout.make_rollout`` results.
+the single-device ``train.train_step`` / ``rollout.make_rollout`` results,
+the rollout also with bounded-history rows (``history_turns`` 0 and 2).
 The (1,2,4) mesh also exercises the divisibility fallback: 2 key/value heads
 do not split over ``tensor:4``.
 """
+
+import dataclasses
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -329,7 +332,8 @@ class ShardedTrainStepTest(parameterized.TestCase):
 
 @pytest.mark.heavy
 class ShardedRolloutTest(parameterized.TestCase):
-  """A 2-turn FrozenLake rollout of 8 rows by a random policy."""
+  """A 2-turn FrozenLake rollout of 8 rows by a random policy; and the same
+  8 episodes as 4-turn bounded-history rollouts (32 turn rows)."""
 
   @classmethod
   def setUpClass(cls):
@@ -338,33 +342,65 @@ class ShardedRolloutTest(parameterized.TestCase):
     cls.config = rollout.RolloutConfig(num_groups=4, group_size=2, max_turns=2,
                                        max_tokens_per_turn=8)
     cls.params = models.init(ROLLOUT_CFG, jax.random.key(0))
-    cls.expected = rollout.make_rollout(cls.text_env, ROLLOUT_CFG, cls.config)(
-        cls.params, jax.random.key(1))
+    cls.expected = {}  # history_turns -> the one-device trajectory, built on first use
 
-  @parameterized.named_parameters(*MESHES)
-  def test_equals_single_device(self, spec):
+  def _config(self, k):
+    if k < 0:
+      return self.config
+    # 4 turns: with k = 2 the window of turn 3 drops turn 0. Random replies
+    # are never valid, so every episode plays all 4 turns.
+    return dataclasses.replace(self.config, max_turns=4, history_turns=k)
+
+  def _expected(self, k):
+    if k not in self.expected:
+      self.expected[k] = rollout.make_rollout(self.text_env, ROLLOUT_CFG, self._config(k))(
+          self.params, jax.random.key(1))
+    return self.expected[k]
+
+  # The full history on the cube; bounded history on both meshes (rows over
+  # data x fsdp = 4 and 2; the second also takes the kv-head fallback). A
+  # full-history case on fsdp:2,tensor:4 (a compile, ~15 s) would add no path:
+  # the parameters' placement does not depend on history_turns.
+  @parameterized.named_parameters(("cube", MESHES[0][1], -1),
+                                  ("cube_history0", MESHES[0][1], 0),
+                                  ("fsdp2_tensor4_history2", MESHES[1][1], 2))
+  def test_equals_single_device(self, spec, k):
     mesh = sharding.make_mesh(spec)
-    fn = sharding.shard_rollout(self.text_env, ROLLOUT_CFG, self.config, mesh)
+    config = self._config(k)
+    fn = sharding.shard_rollout(self.text_env, ROLLOUT_CFG, config, mesh)
     key = jax.random.key(1)
     if spec == MESHES[0][1]:
       # The reset_keys variant (no extra compile of a reference): these are
       # the keys make_rollout draws from ``key`` by default (its first split).
-      reset_keys = jax.random.split(jax.random.split(key, 3)[0], self.config.num_groups)
+      reset_keys = jax.random.split(jax.random.split(key, 3)[0], config.num_groups)
       got = fn(self.params, key, reset_keys)
     else:
       got = fn(self.params, key)
-    want = self.expected
+    want = self._expected(k)
     self.assertGreater(int(np.sum(want.loss_mask)), 60)  # the policy did reply
-    for name in ("tokens", "loss_mask", "turn_ids", "length", "num_turns", "end_reason",
-                 "reply_lengths", "format_valid", "anchor_hashes", "group_ids", "scores",
-                 "token_rewards", "turn_rewards"):
+    names = ("tokens", "loss_mask", "turn_ids", "length", "num_turns", "end_reason",
+             "reply_lengths", "format_valid", "anchor_hashes", "group_ids", "scores",
+             "token_rewards", "turn_rewards")
+    if k >= 0:
+      names += ("row_valid", "row_episode", "row_turn")
+    for name in names:
       np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
     np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=1e-5)
-    self.assertEqual(got.group_size, 2)
+    self.assertEqual((got.group_size, got.history_turns), (2, k))
     for leaf in jax.tree.leaves(got):
       self.assertEqual(leaf.sharding, NamedSharding(mesh, ROWS))
-    self.assertEqual(got.tokens.addressable_shards[0].data.shape[0],
-                     8 // sharding.rows_size(mesh))
+    n = sharding.rows_size(mesh)
+    rows = 8 * (1 if k < 0 else config.max_turns)
+    self.assertEqual(got.tokens.shape[0], rows)
+    self.assertEqual(got.tokens.addressable_shards[0].data.shape[0], rows // n)
+    if k >= 0:
+      np.testing.assert_array_equal(got.num_turns, 4)  # every row holds a turn
+      # Each device holds whole episodes: its turn rows are those of its episode rows.
+      for tok, ep in zip(got.row_episode.addressable_shards, got.scores.addressable_shards):
+        self.assertEqual(tok.device, ep.device)
+        first = ep.index[0].start or 0
+        np.testing.assert_array_equal(
+            np.unique(np.asarray(tok.data)), np.arange(first, first + 8 // n))
 
   def test_rows_not_divisible(self):
     config = rollout.RolloutConfig(num_groups=3, group_size=2, max_turns=2,

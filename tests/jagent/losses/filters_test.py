@@ -108,6 +108,47 @@ class FilterTest(chex.TestCase, parameterized.TestCase):
     np.testing.assert_array_equal(out.keep[0], [0, 0, 1, 0, 0, 0])
     np.testing.assert_array_equal(out.keep[1], [0, 0, 0, 1, 0, 0])
 
+  def test_non_finite_scores_rank_by_the_finite_members(self):
+    nan, inf, neg_nan = np.nan, np.inf, np.copysign(np.nan, -1.0)
+    s = np.array([[1, nan, 0, 1],         # members [1, 0, 1]: sqrt(1/3)
+                  [nan, nan, nan, nan],   # no member: 0
+                  [0, 0, 5, 5],           # sqrt(25/3)
+                  [1, 0, 0, 0],           # 1/2
+                  [-inf, 2, inf, 2],      # members [2, 2]: 0
+                  [3e38, -3e38, 0, 0],    # finite, but the std overflows: 0
+                  [neg_nan, 2, 0, nan]],  # members [2, 0]: sqrt(2)
+                 np.float32)
+    want = np.array([np.sqrt(1 / 3), 0, np.sqrt(25 / 3), 0.5, 0, 0, np.sqrt(2)])
+    std = np.asarray(jax.jit(losses.group_std)(s))
+    np.testing.assert_allclose(std, want, rtol=1e-6)
+    # Order: g2, g6, g0, g3, then the zero-spread groups by index (1, 4, 5).
+    for mode, value, include_zero, expect in (
+        ("top_k", 3, True, [1, 0, 1, 0, 0, 0, 1]),
+        ("top_k", 5, True, [1, 1, 1, 1, 0, 0, 1]),
+        ("top_k", 6, False, [1, 0, 1, 1, 0, 0, 1]),
+        ("top_p", 0.9, True, [1, 0, 1, 0, 0, 0, 1]),  # shares before: 0, .54, .80, .91
+        ("min_p", 0.3, True, [0, 0, 1, 0, 0, 0, 1])):
+      out = _filter(mode, value, include_zero)(s)
+      np.testing.assert_array_equal(out.keep, np.array(expect, bool), err_msg=(mode, value))
+      self.assertAlmostEqual(float(out.std_mean), want.mean(), places=5)
+      self.assertTrue(np.isfinite(float(out.kept_std_mean)))
+    # The same result whatever the NaNs' signs and positions (bit for bit).
+    moved = np.array([[nan, 1, 1, 0], [neg_nan, nan, neg_nan, nan]], np.float32)
+    got = np.asarray(jax.jit(losses.group_std)(moved))
+    np.testing.assert_array_equal(got, std[:2])
+    # valid_ng leaves members out as a NaN does; finite input is unchanged.
+    valid = np.ones((7, 4), bool)
+    valid[3, 0] = False  # g3 keeps [0, 0, 0]: 0
+    valid[2, 1] = False  # g2 keeps [0, 5, 5]
+    got = np.asarray(losses.group_std(s, valid))
+    np.testing.assert_allclose(got[[0, 1, 4, 5, 6]], std[[0, 1, 4, 5, 6]], rtol=1e-6)
+    self.assertEqual(float(got[3]), 0.0)
+    self.assertAlmostEqual(float(got[2]), np.std([0, 5, 5], ddof=1), places=5)
+    np.testing.assert_array_equal(losses.group_std(_SCORES, np.ones((6, 4), bool)),
+                                  losses.group_std(_SCORES))
+    with self.assertRaisesRegex(ValueError, "valid_ng"):
+      losses.filter_groups(_SCORES, valid_ng=np.ones((6, 3), bool))
+
   def test_bad_arguments(self):
     with self.assertRaisesRegex(ValueError, "mode"):
       losses.filter_groups(_SCORES, "top")

@@ -49,6 +49,15 @@ class CompactTest(absltest.TestCase):
     self.assertEqual(float(m["filter/kept_groups"]), 2.0)
     self.assertEqual(float(m["filter/nonzero_std_frac"]), 0.5)
 
+  def test_a_non_finite_score_leaves_its_group_std(self):
+    # Group 0 = [1, NaN]: one finite member, no spread (std 0, finite).
+    traj = fake_trajectory([1, np.nan, 0, 2, 5, 5, 0, 1], 2)
+    out, m = _rl.compact_groups(traj, 2, losses.FilterConfig("top_fraction", 0.5))
+    np.testing.assert_array_equal(out.tokens[:, 0], [200, 300, 600, 700])
+    std = np.array([0, np.std([0, 2], ddof=1), 0, np.std([0, 1], ddof=1)])
+    np.testing.assert_allclose(m["filter/reward_std_before"], std.mean(), rtol=1e-6)
+    self.assertEqual(float(m["filter/nonzero_std_frac"]), 0.5)
+
   def test_unkept_groups_fill_slots_with_zero_mask(self):
     # Only one group has variance; without zero-std groups the second slot trains nothing.
     traj = fake_trajectory([1, 1, 0, 2, 5, 5], 2)

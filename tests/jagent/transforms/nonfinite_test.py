@@ -78,6 +78,16 @@ class NonFiniteStagesTest(parameterized.TestCase):
     self.assertEqual(float(out.scores[6]), 0.0)
     self.assertFalse(bool(out.row_valid[6]))
 
+  def test_filter_ranks_a_group_by_its_finite_members(self):
+    # Group 0's finite members agree ([1, 1, 1]: no spread); counting the
+    # dropped episode's zeroed score would give it std 0.5 and rank it first.
+    scores = np.array([1.0, np.nan, 1.0, 1.0, 0.0, 0.4, 0.0, 0.4], np.float32)
+    out = _run(transforms.filter_rollouts("top_fraction", 0.5), _batch(scores))
+    np.testing.assert_array_equal(out.keep, np.arange(8) >= 4)
+    self.assertAlmostEqual(float(out.metrics["filter/reward_std"]),
+                           np.std([0.0, 0.4, 0.0, 0.4], ddof=1) / 2, places=6)
+    self.assertEqual(float(out.metrics["filter/kept_ratio"]), 0.5)
+
   def test_finite_batches_keep_their_values(self):
     finite = _batch(np.where(np.isfinite(_SCORES), _SCORES, 0.0))
     out = _run(transforms.compute_grpo(), finite)

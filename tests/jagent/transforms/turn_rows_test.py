@@ -136,6 +136,33 @@ class TrajectoryAdvantagesTest(parameterized.TestCase):
     np.testing.assert_allclose(adv[[0, 3], -1], want, rtol=1e-5)
 
 
+class KlHorizonTest(absltest.TestCase):
+
+  def test_adaptive_coefficient_counts_episodes_not_rows(self):
+    # old - ref = 0.3 on every token: k1 KL 0.3 per row, target 0.1, so the
+    # error clips to +0.2; beta <- 0.5 (1 + 0.2 n / 60) with n = E = 6
+    # episodes (not R = 18 rows).
+    lp = np.full((R, S), -1.0, np.float32)
+    batch = _batch(old_logprobs=lp, ref_logprobs=lp - 0.3)
+    stage = transforms.kl_reward_penalty(0.5, target=0.1, horizon=60.0)
+
+    def coef(b):
+      out, state = jax.jit(stage.update)(b, stage.init(b))
+      self.assertAlmostEqual(float(out.metrics["kl_reward/kl"]), 0.3, places=5)
+      return float(state.coef)
+
+    self.assertAlmostEqual(coef(batch), 0.5 * (1 + 0.2 * E / 60), places=6)
+    # The same episodes as one row each: the same update.
+    full = _full_history(batch).replace(old_logprobs=lp.reshape(E, T * S),
+                                        ref_logprobs=lp.reshape(E, T * S) - 0.3)
+    self.assertAlmostEqual(coef(full), 0.5 * (1 + 0.2 * E / 60), places=6)
+    # An episode dropped for a non-finite reward does not count.
+    rewards = np.array(batch.rewards)
+    rewards[T * 4, -1] = np.nan  # episode 4, turn 0
+    self.assertAlmostEqual(coef(batch.replace(rewards=rewards)),
+                           0.5 * (1 + 0.2 * (E - 1) / 60), places=6)
+
+
 def _np_turn_gae(batch, gamma, lam):
   """Reference turn-level GAE: a loop over each episode's taken turns."""
   m = np.asarray(batch.loss_mask)
