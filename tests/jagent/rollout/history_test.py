@@ -213,10 +213,12 @@ class HistoryConfigTest(absltest.TestCase):
 
   def test_experiments_config_field(self):
     config = tiny.get_config()
-    self.assertEqual(common.rollout_config(config).history_turns, -1)
-    config.rollout.history_turns = 0
+    # The main job trains one row per turn; -1 is the whole conversation.
     self.assertEqual(common.rollout_config(config).history_turns, 0)
     self.assertEqual(common.eval_rollout_config(config).history_turns, 0)
+    config.rollout.history_turns = -1
+    self.assertEqual(common.rollout_config(config).history_turns, -1)
+    self.assertEqual(common.eval_rollout_config(config).history_turns, -1)
     config.rollout.history_turns = -3
     with self.assertRaisesRegex(ValueError, "config.rollout.history_turns=-3"):
       common.rollout_config(config)
