@@ -3,7 +3,9 @@
 One short Bandit-v0 run of the real entry point (``experiments.train.run``) is
 shared by the tests: a tiny model (``nano``), a format-only SFT warm start,
 then Dr.GRPO with StarPO-S's uncertainty filter (top 25% of groups by raw
-reward std) until the policy answers the high arm.
+reward std) until the policy answers the high arm. ``WindowedTrainTest``
+kills and resumes a tiny Sokoban run with ``rollout.history_turns=0`` (one
+row per turn) the same way.
 
 Why a warm start at all: a randomly initialised model never writes the
 ``<answer>Dragon</answer>`` format (7 specific tokens of a 512-token
@@ -72,6 +74,24 @@ def _bandit_config():
   c.checkpoint.update(dict(every=_CHECKPOINT_EVERY, keep=2))
   # RAGEN-2's collapse diagnostics on logged steps 1, 4 and 8.
   c.diagnostics.update(dict(every=_CHECKPOINT_EVERY, num_rows=32))
+  return c
+
+
+def _windowed_config():
+  """A tiny Sokoban run with one row per turn (history_turns = 0).
+
+  A nano model, a 4-step SFT and 3 RL steps of 4 groups x 2 episodes of 3
+  turns (StarPO-S keeps 2 groups: 12 turn rows), checkpoints every 2 steps:
+  enough to interrupt after a checkpoint and resume; the compiles dominate.
+  """
+  c = tiny.get_config("Sokoban-6x6-1box-v0,starpo_s")
+  c.model = "nano"
+  c.seed = 0
+  c.rollout.update(dict(num_groups=4, group_size=2, max_turns=3, history_turns=0))
+  c.sft.update(dict(num_demos=8, steps=4, batch_size=8, warmup_steps=1))
+  c.rl.update(dict(steps=3, warmup_steps=0, learning_rate=1e-3))
+  c.eval.update(dict(num_levels=4, num_groups=4, every=2, greedy=False, samples=1))
+  c.checkpoint.update(dict(every=2, keep=2))
   return c
 
 
@@ -208,6 +228,63 @@ class _Killed(Exception):
   pass
 
 
+def _assert_resumes(test, config, want_workdir, want_summary, workdir, kill_at):
+  """Runs ``config`` in ``workdir`` killed at RL step ``kill_at``, then resumed;
+  asserts it ends as the uninterrupted run in ``want_workdir`` did."""
+  real_step = common.Experiment.rl_step
+
+  def dying_step(exp, state, step):
+    if step == kill_at:
+      raise _Killed(step)
+    return real_step(exp, state, step)
+
+  def dying_sft(exp, writer, progress=True):
+    del exp, progress
+    writer.write(-1, {"sft/loss": 1.0})  # a record of the attempt, then death
+    raise _Killed("sft")
+
+  # A first attempt dies during SFT (before checkpoint 0); the rerun starts
+  # over and must not keep that attempt's records.
+  with mock.patch.object(common.Experiment, "sft", dying_sft):
+    with test.assertRaises(_Killed):
+      _run(config, workdir)
+  with mock.patch.object(common.Experiment, "rl_step", dying_step):
+    with test.assertRaises(_Killed):
+      _run(config, workdir)
+  # Steps 1..kill_at were logged; the last checkpoint is before kill_at.
+  logged = [r["step"] for r in jtrain.read_metrics(os.path.join(workdir, "metrics.jsonl"))]
+  test.assertEqual(max(logged), kill_at)
+  test.assertFalse(os.path.exists(os.path.join(workdir, "eval_summary.json")))
+
+  summary = _run(config, workdir)  # resumes from the last checkpoint
+
+  # Same metrics, record for record (the resumed run dropped the records
+  # written after its checkpoint and wrote them again).
+  want = [_deterministic(r) for r in jtrain.read_metrics(
+      os.path.join(want_workdir, "metrics.jsonl"))]
+  got = [_deterministic(r) for r in jtrain.read_metrics(
+      os.path.join(workdir, "metrics.jsonl"))]
+  test.assertEqual([r["step"] for r in got], [r["step"] for r in want])
+  for w, g in zip(want, got):
+    test.assertEqual(g, w, f"step {w['step']}")
+  test.assertEqual({k: v for k, v in summary.items() if k != "seconds"},
+                   {k: v for k, v in want_summary.items() if k != "seconds"})
+  # Same final train state, every leaf (params, optimizer, rng, counters).
+  exp = common.Experiment(config)
+  want_state, _ = _restore(exp, want_workdir)
+  got_state, meta = _restore(exp, workdir)
+  test.assertEqual(int(got_state.step), config.rl.steps)
+  test.assertEqual(meta["summary"]["sft"], want_summary["sft"])
+  w_leaves = jax.tree.leaves_with_path(want_state)
+  g_leaves = jax.tree.leaves_with_path(got_state)
+  test.assertEqual([p for p, _ in g_leaves], [p for p, _ in w_leaves])
+  for (path, w), (_, g) in zip(w_leaves, g_leaves):
+    if jax.dtypes.issubdtype(w.dtype, jax.dtypes.prng_key):
+      w, g = jax.random.key_data(w), jax.random.key_data(g)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=0, atol=1e-6,
+                               err_msg=jax.tree_util.keystr(path))
+
+
 @pytest.mark.heavy
 class TrainTest(absltest.TestCase):
 
@@ -240,59 +317,8 @@ class TrainTest(absltest.TestCase):
 
   # ------------------------------------------------------ kill and resume
   def test_killed_run_resumes_to_the_uninterrupted_result(self):
-    workdir = os.path.join(self.root, "killed")
-    real_step = common.Experiment.rl_step
-
-    def dying_step(exp, state, step):
-      if step == _KILL_AT:
-        raise _Killed(step)
-      return real_step(exp, state, step)
-
-    def dying_sft(exp, writer, progress=True):
-      del exp, progress
-      writer.write(-1, {"sft/loss": 1.0})  # a record of the attempt, then death
-      raise _Killed("sft")
-
-    # A first attempt dies during SFT (before checkpoint 0); the rerun starts
-    # over and must not keep that attempt's records.
-    with mock.patch.object(common.Experiment, "sft", dying_sft):
-      with self.assertRaises(_Killed):
-        _run(self.config, workdir)
-    with mock.patch.object(common.Experiment, "rl_step", dying_step):
-      with self.assertRaises(_Killed):
-        _run(self.config, workdir)
-    # Steps 1.._KILL_AT were logged; the last checkpoint is step 4.
-    logged = [r["step"] for r in jtrain.read_metrics(os.path.join(workdir, "metrics.jsonl"))]
-    self.assertEqual(max(logged), _KILL_AT)
-    self.assertFalse(os.path.exists(os.path.join(workdir, "eval_summary.json")))
-
-    summary = _run(self.config, workdir)  # resumes from checkpoint 4
-
-    # Same metrics, record for record (the resumed run dropped the records
-    # written after its checkpoint and wrote them again).
-    want = [_deterministic(r) for r in jtrain.read_metrics(
-        os.path.join(self.workdir, "metrics.jsonl"))]
-    got = [_deterministic(r) for r in jtrain.read_metrics(
-        os.path.join(workdir, "metrics.jsonl"))]
-    self.assertEqual([r["step"] for r in got], [r["step"] for r in want])
-    for w, g in zip(want, got):
-      self.assertEqual(g, w, f"step {w['step']}")
-    self.assertEqual({k: v for k, v in summary.items() if k != "seconds"},
-                     {k: v for k, v in self.summary.items() if k != "seconds"})
-    # Same final train state, every leaf (params, optimizer, rng, counters).
-    exp = common.Experiment(self.config)
-    want_state, _ = _restore(exp, self.workdir)
-    got_state, meta = _restore(exp, workdir)
-    self.assertEqual(int(got_state.step), _RL_STEPS)
-    self.assertEqual(meta["summary"]["sft"], self.summary["sft"])
-    w_leaves = jax.tree.leaves_with_path(want_state)
-    g_leaves = jax.tree.leaves_with_path(got_state)
-    self.assertEqual([p for p, _ in g_leaves], [p for p, _ in w_leaves])
-    for (path, w), (_, g) in zip(w_leaves, g_leaves):
-      if jax.dtypes.issubdtype(w.dtype, jax.dtypes.prng_key):
-        w, g = jax.random.key_data(w), jax.random.key_data(g)
-      np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=0, atol=1e-6,
-                                 err_msg=jax.tree_util.keystr(path))
+    _assert_resumes(self, self.config, self.workdir, self.summary,
+                    os.path.join(self.root, "killed"), _KILL_AT)
 
   def test_evaluate_at_another_temperature(self):
     # Experiment.evaluate(temperature=t) equals the evaluation of a config
@@ -453,6 +479,30 @@ class TrainTest(absltest.TestCase):
       eval_job.evaluate_run(empty)
     with self.assertRaisesRegex(ValueError, "--env='Nope-v0'"):
       eval_job.evaluate_run(self.workdir, env="Nope-v0")
+
+
+@pytest.mark.heavy
+class WindowedTrainTest(absltest.TestCase):
+  """experiments.train with ``rollout.history_turns=0`` (one row per turn)."""
+
+  def test_killed_run_resumes_to_the_uninterrupted_result(self):
+    root = tempfile.mkdtemp(prefix="train_test_windowed_")
+    self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+    config = _windowed_config()
+    workdir = os.path.join(root, "whole")
+    summary = _run(config, workdir)
+    self.assertEqual(summary["steps"], config.rl.steps)
+    # The update trained turn rows: 2 kept groups x 2 episodes x 3 turns of
+    # the one-turn context S (not episodes of the full-history context).
+    exp = common.Experiment(config)
+    self.assertEqual(exp.rollout_config.history_turns, 0)
+    rl = [r for r in jtrain.read_metrics(os.path.join(workdir, "metrics.jsonl"))
+          if "rollout/success" in r]
+    self.assertLen(rl, config.rl.steps)
+    for r in rl:
+      self.assertEqual(r["train/context_tokens"], 2 * 2 * 3 * exp.context_size)
+      self.assertGreater(r["rollout/turns"], 1.0)
+    _assert_resumes(self, config, workdir, summary, os.path.join(root, "killed"), kill_at=2)
 
 
 if __name__ == "__main__":
