@@ -2,7 +2,8 @@
 
 Each ``colab/<name>.ipynb`` has a ``colab/<name>.py`` twin in the percent
 format (``# %%`` code cells, ``# %% [markdown]`` cells whose lines start with
-``# ``). The test runs the twin as a script (a fresh process, as a user would)
+``# ``). The test runs the twin as a script (a fresh process on one CPU device,
+as a user would, with the suite's XLA flags and compilation cache)
 and checks that the notebook's cells equal the twin's. After editing a twin,
 regenerate its notebook with::
 
@@ -19,6 +20,8 @@ import sys
 from absl.testing import absltest
 from absl.testing import parameterized
 import pytest
+
+from tests import testenv
 
 COLAB = pathlib.Path(__file__).resolve().parent.parent / "colab"
 TWINS = sorted(p.stem for p in COLAB.glob("*.py"))
@@ -76,7 +79,7 @@ class ColabTest(parameterized.TestCase):
   def test_twin_runs(self, name):
     result = subprocess.run(
         [sys.executable, str(COLAB / f"{name}.py")], cwd=COLAB, capture_output=True,
-        text=True, timeout=600, check=False)
+        text=True, timeout=600, check=False, env=testenv.subprocess_env(1))
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
 
 

@@ -218,7 +218,10 @@ def sampler_only(params, model_config, text_env, config, s_max):
 
 def rl_step_config(model: str, env_id: str, num_groups: int, group_size: int, max_turns: int,
                    max_tokens_per_turn: int, history_turns: int, seed: int = 0):
-  """The main job's config (``tiny.py:<env_id>,starpo_s``) at these sizes, no SFT.
+  """The main job's config (``tiny.py:<env_id>,starpo_s``) at these sizes.
+
+  No SFT (random weights) and no collapse diagnostics (``diagnostics.every =
+  0``: they run on a few logged steps only, and the benchmark times step 0).
 
   Args:
     model: a ``jagent.models`` config name (random weights).
@@ -238,6 +241,8 @@ def rl_step_config(model: str, env_id: str, num_groups: int, group_size: int, ma
   c.rollout.update(dict(num_groups=num_groups, group_size=group_size, max_turns=max_turns,
                         max_tokens_per_turn=max_tokens_per_turn, history_turns=history_turns))
   c.sft.steps = 0
+  if "diagnostics" in c:  # the collapse diagnostics are a periodic extra, not the step
+    c.diagnostics.every = 0
   return c
 
 

@@ -53,6 +53,7 @@ _OVERRIDES = {
     "rl.learning_rate": 1e-5, "rl.warmup_steps": 0, "rl.decay": "constant",
     "eval.num_levels": 4, "eval.num_groups": 4, "eval.every": 0, "eval.greedy": False,
     "eval.samples": 1, "checkpoint.every": _STEPS, "checkpoint.keep": 2,
+    **testenv.WITHOUT_EXTRAS,
 }
 _ARG = "Bandit-v0,ppo"
 

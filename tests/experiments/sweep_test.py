@@ -22,6 +22,7 @@ import pytest
 from experiments import common
 from experiments import sweep
 from experiments.configs import tiny
+from tests import testenv
 
 # Two seeds test the batching; each further seed adds a separate run (~7 s on
 # 2 cores after the first, which compiles) and a run inside the sweep.
@@ -50,7 +51,7 @@ def _config():
                    num_minibatches=1, ppo_epochs=1))
   c.eval.update(dict(num_levels=8, num_groups=8, every=0, temperature=0.5, greedy=True,
                      samples=1))
-  return c
+  return testenv.without_extras(c)
 
 
 class _NoWriter:

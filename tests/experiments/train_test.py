@@ -92,7 +92,7 @@ def _windowed_config():
   c.rl.update(dict(steps=3, warmup_steps=0, learning_rate=1e-3))
   c.eval.update(dict(num_levels=4, num_groups=4, every=2, greedy=False, samples=1))
   c.checkpoint.update(dict(every=2, keep=2))
-  return c
+  return testenv.without_extras(c)
 
 
 def _run(config, workdir):

@@ -32,6 +32,7 @@ from experiments import common
 from experiments import train as train_job
 from experiments.configs import tiny
 from jagent import rollout
+from tests import testenv
 
 _ENV_ID = "ToyCopy-v0"
 _RL_STEPS = 2
@@ -99,7 +100,7 @@ def _config():
   c.rl.update(dict(steps=_RL_STEPS, learning_rate=1e-4, warmup_steps=0, decay="constant"))
   c.eval.update(dict(num_levels=16, num_groups=16, every=0, greedy=False, samples=1))
   c.checkpoint.update(dict(every=_RL_STEPS, keep=1))
-  return c
+  return testenv.without_extras(c)
 
 
 class ToyEnvTest(absltest.TestCase):
