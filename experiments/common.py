@@ -310,6 +310,12 @@ def validate(config, num_devices: int | None = None) -> None:
                f"{config.prompt.max_actions_per_turn}]")
   eval_rollout_config(config)  # eval.num_groups, eval.temperature
   _validate_diagnostics(config)
+  for field in ("every", "keep"):
+    v = config.checkpoint[field]
+    if not isinstance(v, int) or isinstance(v, bool) or v < (field == "keep"):
+      raise _bad(f"checkpoint.{field}", v,
+                 "must be an int >= 1" if field == "keep" else
+                 "must be an int >= 0 (0: a checkpoint after SFT and after the last step only)")
   if not isinstance(config.eval.num_levels, int) or config.eval.num_levels < 1:
     raise _bad("eval.num_levels", config.eval.num_levels, "must be an int >= 1")
   if config.eval.num_levels % config.eval.num_groups:

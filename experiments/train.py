@@ -299,7 +299,8 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
                     std=f"{m['filter/reward_std_before']:.2f}",
                     entropy=f"{m.get('actor/entropy', 0.0):.2f}",
                     **({} if mutual_info is None else {"mi": f"{mutual_info:.2f}"}))
-    if (step + 1) % config.checkpoint.every == 0 or step + 1 == steps:
+    every = config.checkpoint.every  # 0: only after the last step
+    if (every and (step + 1) % every == 0) or step + 1 == steps:
       ckpt.save(step + 1, state, {"summary": summary, "seconds": time.time() - t_start})
   ckpt.close()
   summary["rl"] = exp.evaluate_all(state.params, "rl", workdir)

@@ -111,6 +111,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict(dict(
       num_levels=512, seed=123, every=50, temperature=0.5, greedy=True, num_groups=64,
       samples=4, held_out=True))
+  # Checkpoints after SFT (step 0), every `every` RL steps (0: the last only).
   c.checkpoint = ml_collections.ConfigDict(dict(every=50, keep=2))
   # RAGEN-2's collapse diagnostics (jagent.train.collapse_metrics): on the
   # first RL step and every `every` steps (0: off), the reply entropy H(Z|X)

@@ -363,6 +363,8 @@ class TrainTest(absltest.TestCase):
         ("sft.expert", bad(sft__expert="oracle")),
         ("sft.actions_per_turn", bad(sft__actions_per_turn=2)),
         ("rl.critic", bad(algorithm="ppo", rl__critic="mlp")),
+        ("checkpoint.every", bad(checkpoint__every=-1)),
+        ("checkpoint.keep", bad(checkpoint__keep=0)),
         # Turns longer than the model's positions (nano: 4096).
         ("rollout.max_tokens_per_turn", bad(rollout__max_tokens_per_turn=5000)),
     ]

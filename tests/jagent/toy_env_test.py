@@ -99,7 +99,7 @@ def _config():
                     warmup_steps=4))
   c.rl.update(dict(steps=_RL_STEPS, learning_rate=1e-4, warmup_steps=0, decay="constant"))
   c.eval.update(dict(num_levels=16, num_groups=16, every=0, greedy=False, samples=1))
-  c.checkpoint.update(dict(every=_RL_STEPS, keep=1))
+  c.checkpoint.update(dict(every=0, keep=3))  # 0: after SFT and the last step only
   return testenv.without_extras(c)
 
 
@@ -150,6 +150,11 @@ class ToyEnvTest(absltest.TestCase):
     self.assertGreaterEqual(s["sft"]["format_valid_frac"], 0.9, s)
     self.assertGreaterEqual(s["sft"]["success"], 0.6, s)
     self.assertGreaterEqual(s["rl"]["success"], 0.6, s)
+
+  def test_checkpoints_after_sft_and_the_last_step(self):
+    ckpt = self.exp.checkpointer(self.root)
+    self.assertEqual(ckpt.all_steps(), [0, _RL_STEPS])  # keep=3 would keep a third
+    ckpt.close()
 
   def test_metrics_are_finite(self):
     with open(os.path.join(self.root, "metrics.jsonl")) as f:
