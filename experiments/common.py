@@ -226,17 +226,20 @@ def collapse_alert(config, step: int, metrics: dict) -> str | None:
   return f"Echo Trap warning at step {step}: " + "; ".join(crossed)
 
 
+def _require_int(field: str, value: Any, minimum: int, why: str) -> None:
+  """Raises ``_bad(field, value, why)`` unless ``value`` is an int (not a bool) >= ``minimum``."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise _bad(field, value, why)
+
+
 def _validate_diagnostics(config) -> None:
   """``config.diagnostics`` (absent in runs saved before it: off)."""
   d = config.get("diagnostics")
   if d is None:
     return
-  every = d.get("every", 0)
-  if isinstance(every, bool) or not isinstance(every, int) or every < 0:
-    raise _bad("diagnostics.every", every, "must be an int >= 0 (0: no diagnostics)")
-  rows = d.get("num_rows", 32)
-  if isinstance(rows, bool) or not isinstance(rows, int) or rows < 2:
-    raise _bad("diagnostics.num_rows", rows,
+  _require_int("diagnostics.every", d.get("every", 0), 0,
+               "must be an int >= 0 (0: no diagnostics)")
+  _require_int("diagnostics.num_rows", d.get("num_rows", 32), 2,
                "must be an int >= 2 (I(X;Z) compares replies across prompts)")
   for _, floor in ALERT_FLOORS:
     v = d.get(floor, 0.0)
@@ -310,12 +313,9 @@ def validate(config, num_devices: int | None = None) -> None:
                f"{config.prompt.max_actions_per_turn}]")
   eval_rollout_config(config)  # eval.num_groups, eval.temperature
   _validate_diagnostics(config)
-  for field in ("every", "keep"):
-    v = config.checkpoint[field]
-    if not isinstance(v, int) or isinstance(v, bool) or v < (field == "keep"):
-      raise _bad(f"checkpoint.{field}", v,
-                 "must be an int >= 1" if field == "keep" else
-                 "must be an int >= 0 (0: a checkpoint after SFT and after the last step only)")
+  _require_int("checkpoint.every", config.checkpoint.every, 0,
+               "must be an int >= 0 (0: a checkpoint after SFT and after the last step only)")
+  _require_int("checkpoint.keep", config.checkpoint.keep, 1, "must be an int >= 1")
   if not isinstance(config.eval.num_levels, int) or config.eval.num_levels < 1:
     raise _bad("eval.num_levels", config.eval.num_levels, "must be an int >= 1")
   if config.eval.num_levels % config.eval.num_groups:

@@ -287,6 +287,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   bar = tqdm.tqdm(range(start, steps), initial=start, total=steps, disable=not progress,
                   desc=f"{config.algorithm} on {config.env}")
   mutual_info = None
+  ckpt_every = config.checkpoint.every  # 0: only after the last step
   for step in bar:
     state, m = exp.rl_step(state, step)  # time/step_seconds included
     if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < steps:
@@ -299,8 +300,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
                     std=f"{m['filter/reward_std_before']:.2f}",
                     entropy=f"{m.get('actor/entropy', 0.0):.2f}",
                     **({} if mutual_info is None else {"mi": f"{mutual_info:.2f}"}))
-    every = config.checkpoint.every  # 0: only after the last step
-    if (every and (step + 1) % every == 0) or step + 1 == steps:
+    if (ckpt_every and (step + 1) % ckpt_every == 0) or step + 1 == steps:
       ckpt.save(step + 1, state, {"summary": summary, "seconds": time.time() - t_start})
   ckpt.close()
   summary["rl"] = exp.evaluate_all(state.params, "rl", workdir)

@@ -241,8 +241,7 @@ def rl_step_config(model: str, env_id: str, num_groups: int, group_size: int, ma
   c.rollout.update(dict(num_groups=num_groups, group_size=group_size, max_turns=max_turns,
                         max_tokens_per_turn=max_tokens_per_turn, history_turns=history_turns))
   c.sft.steps = 0
-  if "diagnostics" in c:  # the collapse diagnostics are a periodic extra, not the step
-    c.diagnostics.every = 0
+  c.diagnostics.every = 0
   return c
 
 
