@@ -21,10 +21,11 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import math
 import os
 import re
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from absl import logging
 import jax
@@ -205,22 +206,55 @@ def diagnostics_due(step, every: int):
   return (step == 0) | ((step + 1) % every == 0)
 
 
-def collapse_alert(config, step: int, metrics: dict) -> str | None:
+def collapse_alert(config, step: int, metrics: dict,
+                   recent: Sequence[dict] | None = None) -> str | None:
   """The Echo Trap warning of logged step ``step``, or None.
 
   On the steps that ran the diagnostics (``collapse/mutual_info`` in
-  ``metrics``), each of :data:`ALERT_FLOORS` whose metric is below its
+  ``metrics``), each of :data:`ALERT_FLOORS` whose value is below its
   floor ``config.diagnostics.min_*`` (a floor of 0 checks nothing; NaN is
   never below it) is named on one line: RAGEN's early signs of the Echo
   Trap (in-group reward std and policy entropy falling) and RAGEN-2's
   template collapse (``I(X;Z)`` falling).
+
+  The per-step metrics (reward std, entropy) are compared by their mean
+  over ``recent``: one step's reward std swings by a factor of ten between
+  neighbouring steps of a healthy run, and a warning should name a trend.
+  Steps that applied no update (``train/updates_applied`` 0: their entropy
+  is written as 0) are left out of the entropy's mean. ``I(X;Z)`` is
+  measured on the diagnosed steps only, so this step's value is used.
+
+  Args:
+    config: the run's config (its ``diagnostics`` block; absent: no warning).
+    step: the logged step (1-based), named in the line.
+    metrics: this step's metrics (a dict of floats).
+    recent: the metrics of the logged steps since the previous diagnosed
+      step, this one's last; None: this step alone.
+
+  Returns:
+    ``"Echo Trap warning at step N: key=value < diagnostics.floor=f; ..."``
+    (``mean of K steps`` after a value averaged over K > 1 steps), or None.
   """
   d = config.get("diagnostics")
   if d is None or "collapse/mutual_info" not in metrics:
     return None
-  crossed = [f"{key}={metrics[key]:.4g} < diagnostics.{floor}={d[floor]:g}"
-             for key, floor in ALERT_FLOORS
-             if d.get(floor, 0) > 0 and key in metrics and metrics[key] < d[floor]]
+  recent = [metrics] if not recent else list(recent)
+  crossed = []
+  for key, floor in ALERT_FLOORS:
+    if d.get(floor, 0) <= 0:
+      continue
+    if key.startswith("collapse/"):
+      rows = [metrics]
+    else:
+      rows = [r for r in recent if not (key == "actor/entropy"
+                                        and r.get("train/updates_applied", 1) <= 0)]
+    values = [float(r[key]) for r in rows if key in r and math.isfinite(r[key])]
+    if not values:
+      continue
+    value = sum(values) / len(values)
+    if value < d[floor]:
+      over = f" (mean of {len(values)} steps)" if len(values) > 1 else ""
+      crossed.append(f"{key}={value:.4g}{over} < diagnostics.{floor}={d[floor]:g}")
   if not crossed:
     return None
   return f"Echo Trap warning at step {step}: " + "; ".join(crossed)

@@ -190,13 +190,17 @@ class _NoWriter:
     pass
 
 
-def warn_collapse(config, step: int, metrics: dict, *, progress: bool = True) -> str | None:
+def warn_collapse(config, step: int, metrics: dict, *, progress: bool = True,
+                  recent=None) -> str | None:
   """Logs the Echo Trap warning of logged step ``step`` (``common.collapse_alert``), if any.
+
+  ``recent``: the metrics of the steps since the previous diagnosed step
+  (this one's last), whose means the per-step floors compare.
 
   The line goes to ``logging.warning`` and, with ``progress``, under the
   progress bar (``tqdm.write``); it is returned (None without a warning).
   """
-  line = common.collapse_alert(config, step, metrics)
+  line = common.collapse_alert(config, step, metrics, recent)
   if line:
     logging.warning(line)
     if progress:
@@ -287,6 +291,8 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   bar = tqdm.tqdm(range(start, steps), initial=start, total=steps, disable=not progress,
                   desc=f"{config.algorithm} on {config.env}")
   mutual_info = None
+  # The steps since the last diagnosed one (after a resume: since the resume).
+  recent = []
   ckpt_every = config.checkpoint.every  # 0: only after the last step
   for step in bar:
     state, m = exp.rl_step(state, step)  # time/step_seconds included
@@ -294,7 +300,10 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
       ev = exp.evaluate(state.params)
       m.update({f"eval/{k}": v for k, v in ev.items()})
     writer.write(step + 1, m)
-    warn_collapse(config, step + 1, m, progress=progress)
+    recent.append(m)
+    if "collapse/mutual_info" in m:  # a diagnosed step: the window ends here
+      warn_collapse(config, step + 1, m, progress=progress, recent=recent)
+      recent = []
     mutual_info = m.get("collapse/mutual_info", mutual_info)  # the last diagnosed
     bar.set_postfix(success=f"{m['rollout/success']:.2f}", score=f"{m['rollout/score']:.2f}",
                     std=f"{m['filter/reward_std_before']:.2f}",

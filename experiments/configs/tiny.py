@@ -118,8 +118,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # and the mutual information I(X;Z) of num_rows (prompt, reply) pairs of
   # that step's rollout (num_rows^2 replies scored; per token, nats), logged
   # as collapse/*. On those steps a warning names each of in-group reward std
-  # (filter/reward_std_before), policy entropy (actor/entropy) and I(X;Z)
-  # that is below its floor (0: no check): the Echo Trap's early signs.
+  # (filter/reward_std_before), policy entropy (actor/entropy), both averaged
+  # over the steps since the previous diagnosed one, and I(X;Z) that is below
+  # its floor (0: no check): the Echo Trap's early signs.
   c.diagnostics = ml_collections.ConfigDict(dict(
       every=25, num_rows=32, min_reward_std=0.1, min_entropy=0.02, min_mutual_info=0.01))
   return c

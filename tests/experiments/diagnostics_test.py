@@ -93,6 +93,28 @@ class AlertTest(absltest.TestCase):
     self.assertIsNone(common.collapse_alert(c, 25, {**_HEALTHY,
                                                    "collapse/mutual_info": float("nan")}))
 
+  def test_per_step_floors_compare_the_mean_since_the_last_diagnosed_step(self):
+    c = _config()  # min_reward_std 0.1, min_entropy 0.02
+    steps = [{"filter/reward_std_before": 0.3, "actor/entropy": 0.05,
+              "train/updates_applied": 1.0} for _ in range(3)]
+    # One step with no reward variance among healthy ones: no warning (mean 0.225).
+    low_step = {**_HEALTHY, "filter/reward_std_before": 0.0, "actor/entropy": 0.01}
+    self.assertIsNone(common.collapse_alert(c, 25, low_step, steps + [low_step]))
+    # Without the window the same step warns.
+    self.assertIsNotNone(common.collapse_alert(c, 25, low_step))
+    # A run of low steps: both means below their floors, the mean named.
+    lows = [{"filter/reward_std_before": 0.04, "actor/entropy": 0.015,
+             "train/updates_applied": 1.0}] * 3
+    line = common.collapse_alert(c, 25, lows[-1] | {"collapse/mutual_info": 0.9}, lows)
+    self.assertEqual(line, "Echo Trap warning at step 25: filter/reward_std_before=0.04 "
+                     "(mean of 3 steps) < diagnostics.min_reward_std=0.1; actor/entropy=0.015 "
+                     "(mean of 3 steps) < diagnostics.min_entropy=0.02")
+    # Steps without an update (entropy written as 0) do not count for the entropy.
+    skipped = {"filter/reward_std_before": 0.3, "actor/entropy": 0.0,
+               "train/updates_applied": 0.0}
+    window = [skipped] * 5 + [{**_HEALTHY, "train/updates_applied": 1.0}]
+    self.assertIsNone(common.collapse_alert(c, 25, window[-1], window))
+
   def test_the_train_loop_logs_it_and_writes_it_under_the_bar(self):
     c = _config(**{"diagnostics.min_entropy": 0.5})
     with mock.patch.object(train_job.tqdm.tqdm, "write") as write:

@@ -93,7 +93,7 @@ def _windowed_config():
   c.rl.update(dict(steps=3, warmup_steps=0, learning_rate=1e-3))
   c.eval.update(dict(num_levels=4, num_groups=4, every=2, greedy=False, samples=1))
   c.checkpoint.update(dict(every=2, keep=2))
-  c.diagnostics.update(dict(every=2, num_rows=8))
+  c.diagnostics.update(dict(every=3, num_rows=8))
   return c
 
 
@@ -489,7 +489,8 @@ class WindowedTrainTest(absltest.TestCase):
     self.addCleanup(shutil.rmtree, root, ignore_errors=True)
     config = _windowed_config()
     workdir = os.path.join(root, "whole")
-    summary = _run(config, workdir)
+    with mock.patch.object(train_job, "warn_collapse", wraps=train_job.warn_collapse) as warn:
+      summary = _run(config, workdir)
     self.assertEqual(summary["steps"], config.rl.steps)
     # The update trained turn rows: 2 kept groups x 2 episodes x 3 turns of
     # the one-turn context S (not episodes of the full-history context).
@@ -501,10 +502,16 @@ class WindowedTrainTest(absltest.TestCase):
     for r in rl:
       self.assertEqual(r["train/context_tokens"], 2 * 2 * 3 * exp.context_size)
       self.assertGreater(r["rollout/turns"], 1.0)
-    # The extras the resume must reproduce: diagnostics on steps 1 and 2, the
+    # The Echo Trap check runs on the diagnosed steps (1, 3) over the steps
+    # since the previous one: [1], then [2, 3] (told apart by their times).
+    t = "time/step_seconds"
+    self.assertEqual([(c.args[1], [r[t] for r in c.kwargs["recent"]])
+                      for c in warn.call_args_list],
+                     [(1, [rl[0][t]]), (3, [rl[1][t], rl[2][t]])])
+    # The extras the resume must reproduce: diagnostics on steps 1 and 3, the
     # held-out evaluation at step 2 (every=2) and after SFT.
     records = jtrain.read_metrics(os.path.join(workdir, "metrics.jsonl"))
-    self.assertEqual([r["step"] for r in records if "collapse/mutual_info" in r], [1, 2])
+    self.assertEqual([r["step"] for r in records if "collapse/mutual_info" in r], [1, 3])
     self.assertIn(2, [r["step"] for r in records if "eval/success" in r])
     _assert_resumes(self, config, workdir, summary, os.path.join(root, "killed"), kill_at=2)
 
