@@ -191,7 +191,7 @@ class _NoWriter:
 
 
 def warn_collapse(config, step: int, metrics: dict, *, progress: bool = True,
-                  recent=None) -> str | None:
+                  recent: list[dict] | None = None) -> str | None:
   """Logs the Echo Trap warning of logged step ``step`` (``common.collapse_alert``), if any.
 
   ``recent``: the metrics of the steps since the previous diagnosed step
@@ -291,8 +291,10 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   bar = tqdm.tqdm(range(start, steps), initial=start, total=steps, disable=not progress,
                   desc=f"{config.algorithm} on {config.env}")
   mutual_info = None
-  # The steps since the last diagnosed one (after a resume: since the resume).
+  # The steps since the last diagnosed one (after a resume: since the resume),
+  # kept only when the diagnostics run: otherwise nothing ever empties it.
   recent = []
+  diagnosing = common.diagnostics_every(config) > 0
   ckpt_every = config.checkpoint.every  # 0: only after the last step
   for step in bar:
     state, m = exp.rl_step(state, step)  # time/step_seconds included
@@ -300,10 +302,11 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
       ev = exp.evaluate(state.params)
       m.update({f"eval/{k}": v for k, v in ev.items()})
     writer.write(step + 1, m)
-    recent.append(m)
-    if "collapse/mutual_info" in m:  # a diagnosed step: the window ends here
-      warn_collapse(config, step + 1, m, progress=progress, recent=recent)
-      recent = []
+    if diagnosing:
+      recent.append(m)
+      if "collapse/mutual_info" in m:  # a diagnosed step: the window ends here
+        warn_collapse(config, step + 1, m, progress=progress, recent=recent)
+        recent = []
     mutual_info = m.get("collapse/mutual_info", mutual_info)  # the last diagnosed
     bar.set_postfix(success=f"{m['rollout/success']:.2f}", score=f"{m['rollout/score']:.2f}",
                     std=f"{m['filter/reward_std_before']:.2f}",

@@ -496,8 +496,8 @@ class WindowedTrainTest(absltest.TestCase):
     # the one-turn context S (not episodes of the full-history context).
     exp = common.Experiment(config)
     self.assertEqual(exp.rollout_config.history_turns, 0)
-    rl = [r for r in jtrain.read_metrics(os.path.join(workdir, "metrics.jsonl"))
-          if "rollout/success" in r]
+    records = jtrain.read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    rl = [r for r in records if "rollout/success" in r]
     self.assertLen(rl, config.rl.steps)
     for r in rl:
       self.assertEqual(r["train/context_tokens"], 2 * 2 * 3 * exp.context_size)
@@ -510,7 +510,6 @@ class WindowedTrainTest(absltest.TestCase):
                      [(1, [rl[0][t]]), (3, [rl[1][t], rl[2][t]])])
     # The extras the resume must reproduce: diagnostics on steps 1 and 3, the
     # held-out evaluation at step 2 (every=2) and after SFT.
-    records = jtrain.read_metrics(os.path.join(workdir, "metrics.jsonl"))
     self.assertEqual([r["step"] for r in records if "collapse/mutual_info" in r], [1, 3])
     self.assertIn(2, [r["step"] for r in records if "eval/success" in r])
     _assert_resumes(self, config, workdir, summary, os.path.join(root, "killed"), kill_at=2)
