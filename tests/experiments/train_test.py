@@ -69,7 +69,7 @@ def _bandit_config():
                    decay="constant", filter_mode="top_fraction", filter_value=0.25,
                    include_zero=False, num_minibatches=1, ppo_epochs=1))
   c.eval.update(dict(num_levels=32, num_groups=32, every=_CHECKPOINT_EVERY,
-                     temperature=0.5, greedy=False, samples=2))
+                     temperature=0.5, greedy=True, samples=2))
   c.checkpoint.update(dict(every=_CHECKPOINT_EVERY, keep=2))
   # RAGEN-2's collapse diagnostics on logged steps 1, 4 and 8.
   c.diagnostics.update(dict(every=_CHECKPOINT_EVERY, num_rows=32))
@@ -258,7 +258,24 @@ def _assert_resumes(test, config, want_workdir, want_summary, workdir, kill_at):
   test.assertEqual(max(logged), kill_at)
   test.assertFalse(os.path.exists(os.path.join(workdir, "eval_summary.json")))
 
-  summary = _run(config, workdir)  # resumes from the last checkpoint
+  # Resumed from the last checkpoint (it says so), killed again after the final
+  # checkpoint, before the summary; the rerun then only finishes: it evaluates
+  # nothing again and writes no record twice.
+  last = kill_at // config.checkpoint.every * config.checkpoint.every
+  steps = config.rl.steps
+  with mock.patch.object(common.Experiment, "export", side_effect=_Killed("export")), \
+       mock.patch.object(train_job, "announce", wraps=train_job.announce) as said:
+    with test.assertRaises(_Killed):
+      _run(config, workdir)
+  test.assertEqual(said.call_args_list[0].args[0],
+                   f"resuming from step {last} of {steps} in {workdir}")
+  test.assertFalse(os.path.exists(os.path.join(workdir, "eval_summary.json")))
+  with mock.patch.object(common.Experiment, "evaluate_all") as evaluate_all, \
+       mock.patch.object(train_job, "announce", wraps=train_job.announce) as said:
+    summary = _run(config, workdir)
+  evaluate_all.assert_not_called()
+  test.assertEqual([c.args[0] for c in said.call_args_list],
+                   [f"resuming from step {steps} of {steps} in {workdir}"])
 
   # Same metrics, record for record (the resumed run dropped the records
   # written after its checkpoint and wrote them again).
@@ -296,7 +313,9 @@ class TrainTest(absltest.TestCase):
     cls.root = tempfile.mkdtemp(prefix="train_test_")
     cls.workdir = os.path.join(cls.root, "bandit")
     cls.config = _bandit_config()
-    cls.summary = _run(cls.config, cls.workdir)
+    with mock.patch.object(train_job, "announce", wraps=train_job.announce) as said:
+      cls.summary = _run(cls.config, cls.workdir)
+    cls.lines = [c.args[0] for c in said.call_args_list]
 
   @classmethod
   def tearDownClass(cls):
@@ -383,24 +402,41 @@ class TrainTest(absltest.TestCase):
     for stage in ("sft", "rl"):
       for k in ("success", "score", "actions", "turns", "format_valid_frac"):
         self.assertIn(k, summary[stage])
+      # 95% Wilson intervals over the 32 levels.
+      for k in ("success", "greedy_success"):
+        lo, hi = summary[stage][f"{k}_ci95"]
+        self.assertEqual((lo, hi), common.wilson_interval(summary[stage][k], 32))
+        self.assertBetween(summary[stage][k], lo, hi)
     self.assertEqual(summary["steps"], _RL_STEPS)
+    self.assertIsNone(summary["stopped"])
 
     records = jtrain.read_metrics(os.path.join(w, "metrics.jsonl"))
     rl = [r for r in records if r["step"] >= 1 and "rollout/success" in r]
     self.assertEqual([r["step"] for r in rl], list(range(1, _RL_STEPS + 1)))
-    echo_trap = ("filter/reward_std_before", "filter/reward_std_after", "actor/entropy",
-                 "train/grad_norm", "policy/clip_frac", "rollout/reply_tokens",
+    echo_trap = ("filter/reward_std_before", "rollout/reply_tokens",
                  "rollout/success", "rollout/pass_at_group", "rollout/valid_action_frac",
-                 "rollout/effective_action_frac", "rollout/reward_std_in_group")
+                 "rollout/effective_action_frac", "rollout/reward_std_in_group",
+                 "train/updates_applied", "train/skipped_steps")
+    # What an update measures: absent (not 0) on a step that trained nothing.
+    update = ("filter/reward_std_after", "actor/entropy", "train/grad_norm",
+              "train/grad_norm_max", "policy/clip_frac", "loss/total")
     # One program per iteration: its wall time and throughput per second of it.
     throughput = ("time/step_seconds", "throughput/rollout_tokens_per_s",
                   "throughput/env_turns_per_s", "throughput/train_tokens_per_s")
+    skipped = 0
     for r in rl:
       for k in echo_trap + throughput:
         self.assertIn(k, r, f"step {r['step']}")
       for k in throughput:
         self.assertGreater(r[k], 0.0, (k, r["step"]))
-      self.assertGreaterEqual(r["filter/reward_std_after"], r["filter/reward_std_before"])
+      trained = r["train/updates_applied"] > 0
+      self.assertEqual(trained, r["filter/kept_groups"] > 0, r["step"])
+      skipped += not trained
+      self.assertEqual(r["train/skipped_steps"], skipped)
+      for k in update:
+        self.assertEqual(k in r, trained, (k, r["step"]))
+      if trained:
+        self.assertGreaterEqual(r["filter/reward_std_after"], r["filter/reward_std_before"])
       self.assertBetween(r["rollout/success"], 0.0, 1.0)
     # Bandit: one turn and one action per episode, 8 x 4 rollouts, 2 groups kept.
     self.assertTrue(all(r["rollout/turns"] == 1.0 for r in rl))
@@ -414,9 +450,12 @@ class TrainTest(absltest.TestCase):
       self.assertBetween(r["collapse/replies"], 1.0, 32.0)
       self.assertGreaterEqual(r["collapse/reply_entropy"], 0.0)
       self.assertLessEqual(r["collapse/mutual_info"], np.log(r["collapse/replies"]) + 1e-4)
-    self.assertTrue(any("eval/sft/success" in r for r in records if r["step"] == 0))
-    self.assertTrue(any("eval/success" in r for r in records if r["step"] == _CHECKPOINT_EVERY))
-    self.assertTrue(any("eval/rl/success" in r for r in records if r["step"] == _RL_STEPS))
+    # Every evaluation at the temperature and greedily, once each.
+    evals = [(r["step"], k) for r in records for k in r
+             if k.startswith("eval/") and k.endswith("success")]
+    self.assertEqual(evals, [(0, "eval/sft/success"), (0, "eval/sft/greedy_success"),
+                             (4, "eval/success"), (4, "eval/greedy_success"),
+                             (8, "eval/rl/success"), (8, "eval/rl/greedy_success")])
     self.assertTrue(any("sft/nll" in r for r in records if r["step"] <= 0))
 
     self.assertGreater(os.path.getsize(os.path.join(w, "curves.png")), 1000)
@@ -432,6 +471,22 @@ class TrainTest(absltest.TestCase):
     self.assertTrue(glob.glob(os.path.join(w, "tensorboard", "events.out.tfevents.*")))
     with open(os.path.join(w, "config.json")) as f:
       self.assertEqual(json.load(f)["rl"]["steps"], _RL_STEPS)
+
+  def test_each_evaluation_prints_one_line(self):
+    def line(label, step, m):
+      (lo, hi), (glo, ghi) = (common.wilson_interval(m[k], 32)
+                              for k in ("success", "greedy_success"))
+      return (f"eval {label} (step {step}): success {m['success']:.3f} [{lo:.3f}, {hi:.3f}] "
+              f"at T=0.5, greedy {m['greedy_success']:.3f} [{glo:.3f}, {ghi:.3f}] "
+              "(32 levels, 95% Wilson intervals)")
+
+    records = jtrain.read_metrics(os.path.join(self.workdir, "metrics.jsonl"))
+    mid = next(r for r in records if "eval/success" in r)
+    self.assertEqual(self.lines, [
+        line("after SFT", 0, self.summary["sft"]),
+        line("at step 4", 4, {"success": mid["eval/success"],
+                              "greedy_success": mid["eval/greedy_success"]}),
+        line("after RL", 8, self.summary["rl"])])
 
   # ------------------------------------------------------------- eval.py
   def test_eval_entry_point_same_env_and_another_env(self):
