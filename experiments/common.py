@@ -269,8 +269,9 @@ def collapse_alert(config, step: int, metrics: dict,
                    recent: Sequence[dict] | None = None) -> str | None:
   """The Echo Trap warning of logged step ``step``, or None.
 
-  On the steps that ran the diagnostics (a finite ``collapse/mutual_info``
-  in ``metrics``), each of :data:`ALERT_FLOORS` whose value is below its
+  On the steps that ran the diagnostics (a finite ``collapse/*`` value in
+  ``metrics``, e.g. ``collapse/replies``; on the other steps they are NaN or
+  absent), each of :data:`ALERT_FLOORS` whose value is below its
   floor ``config.diagnostics.min_*`` (a floor of 0 checks nothing; NaN is
   never below it) is named on one line: RAGEN's early signs of the Echo
   Trap (in-group reward std and policy entropy falling) and RAGEN-2's
@@ -296,7 +297,8 @@ def collapse_alert(config, step: int, metrics: dict,
     (``mean of K steps`` after a value averaged over K > 1 steps), or None.
   """
   d = config.get("diagnostics")
-  if d is None or not math.isfinite(metrics.get("collapse/mutual_info", math.nan)):
+  if d is None or not any(k.startswith("collapse/") and math.isfinite(v)
+                          for k, v in metrics.items()):
     return None
   recent = [metrics] if not recent else list(recent)
   crossed = []

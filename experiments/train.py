@@ -271,7 +271,8 @@ def evaluation_line(config, label: str, step: int, metrics: dict) -> str:
 
   Args:
     config: the run's config (``eval.temperature``, ``eval.num_levels``).
-    label: ``"after SFT"``, ``"at step N"`` or ``"after RL"``.
+    label: ``"after SFT"``, ``"during RL"`` (every ``eval.every`` steps) or
+      ``"after RL"``.
     step: the RL step of the evaluation (0 after SFT).
     metrics: ``success`` and ``success_ci95`` (and, with a greedy
       evaluation, ``greedy_success`` and ``greedy_success_ci95``), as
@@ -393,7 +394,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
         ev = exp.evaluate(state.params)
         ev.update(exp.evaluate_greedy(state.params))
         m.update({f"eval/{k}": v for k, v in ev.items()})
-        announce(evaluation_line(config, f"at step {step + 1}", step + 1,
+        announce(evaluation_line(config, "during RL", step + 1,
                                  {**ev, **exp.success_intervals(ev)}), progress)
       writer.write(step + 1, m)
       if every:

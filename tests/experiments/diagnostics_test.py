@@ -119,9 +119,16 @@ class AlertTest(absltest.TestCase):
     line = common.collapse_alert(c, 25, window[-1], window[:2] + window[-1:])
     self.assertEqual(line, "Echo Trap warning at step 25: actor/entropy=0.01 < "
                      "diagnostics.min_entropy=0.02")
-    # A step whose diagnostics did not run (their NaNs) is not a diagnosed step.
-    self.assertIsNone(common.collapse_alert(
-        c, 26, {**window[-1], "collapse/mutual_info": float("nan")}))
+    # A step whose diagnostics did not run (all their NaNs) is not a diagnosed step.
+    nan = float("nan")
+    undiagnosed = {**window[-1], "collapse/mutual_info": nan, "collapse/reply_entropy": nan,
+                   "collapse/replies": nan}
+    self.assertIsNone(common.collapse_alert(c, 26, undiagnosed))
+    # One that ran without a valid (prompt, reply) pair (I(X;Z) NaN) still checks the rest.
+    no_pair = {**undiagnosed, "collapse/replies": 0.0}
+    self.assertEqual(common.collapse_alert(c, 27, no_pair),
+                     "Echo Trap warning at step 27: actor/entropy=0.01 < "
+                     "diagnostics.min_entropy=0.02")
 
   def test_the_train_loop_logs_it_and_writes_it_under_the_bar(self):
     c = _config(**{"diagnostics.min_entropy": 0.5})
