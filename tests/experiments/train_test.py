@@ -294,7 +294,7 @@ def _assert_resumes(test, config, want_workdir, want_summary, workdir, kill_at):
     summary = _run(config, workdir)
   evaluate_all.assert_not_called()
   test.assertEqual([c.args[0] for c in said.call_args_list],
-                   [f"resuming from step {steps} of {steps} in {workdir}"])
+                   [f"resuming from step {want_summary['steps']} of {steps} in {workdir}"])
 
   # Same metrics, record for record (the resumed run dropped the records
   # written after its checkpoint and wrote them again).
