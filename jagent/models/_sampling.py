@@ -55,9 +55,9 @@ class SamplingConfig:
       into the weights once per :func:`generate` call
       (:func:`jagent.models.merge_lora`) rather than apply them at every
       step. Same tokens up to float rounding; on XLA:CPU merged decoding of
-      the tiny configs was faster (docs/results.md, "LoRA"), at the cost of
-      a merged copy of the adapted weights while sampling. Ignored for plain
-      ``Params``.
+      the tiny configs was faster (figures: ``jagent.models._lora``'s
+      docstring), at the cost of a merged copy of the adapted weights while
+      sampling. Ignored for plain ``Params``.
 
   Raises:
     ValueError: from ``__post_init__``, naming the invalid field.
