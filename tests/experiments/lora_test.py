@@ -40,7 +40,6 @@ class LoraConfigTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ("negative_rank", dict(rank=-1), r"config.lora.rank=-1: must be an int >= 0"),
-      ("float_rank", dict(rank=1.5), r"config.lora.rank=1.5"),
       ("alpha", dict(rank=4, alpha=-1.0), r"config.lora.alpha=-1.0"),
       ("dropout", dict(rank=4, dropout=1.0), r"config.lora.dropout=1.0"),
       ("module", dict(rank=4, target_modules="q,qkv"), r"config.lora.target_modules='q,qkv'"))
