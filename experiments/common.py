@@ -149,6 +149,35 @@ def train_config(config, model_config: models.ModelConfig,
                 model=model_config, actor_optimizer=actor, critic_optimizer=critic)
 
 
+def lora_config(config, model_config: models.ModelConfig | None = None
+                ) -> models.LoraConfig | None:
+  """The run's LoRA adapters (``config.lora``), or None when off.
+
+  Off when ``lora.rank`` is 0 (or the block is absent: runs saved before it).
+  With ``model_config``, also checks that its family has every target module.
+
+  Raises:
+    ValueError: a negative or non-int ``lora.rank``, or LoraConfig's own
+      checks (``alpha``, ``dropout``, an unknown or missing module), naming
+      ``config.lora.<field>``.
+  """
+  lo = config.get("lora")
+  if lo is None:
+    return None
+  _require_int("lora.rank", lo.get("rank", 0), 0, "must be an int >= 0 (0: LoRA off)")
+  if lo.rank == 0:
+    return None
+
+  def build(**fields):
+    lc = models.LoraConfig(**fields)
+    if model_config is not None:
+      lc.check_model(model_config)
+    return lc
+
+  return _named(build, {f: (f"lora.{f}", lo.get(f, d)) for f, d in (
+      ("rank", 0), ("alpha", 32.0), ("dropout", 0.0), ("target_modules", "all-linear"))})
+
+
 def eval_rollout_config(config, *, temperature: float | None = None, greedy: bool = False,
                         group_size: int = 1, context_size: int | None = None
                         ) -> rollout.RolloutConfig:
@@ -346,6 +375,7 @@ def validate(config, num_devices: int | None = None) -> None:
                f"must be in [1, prompt.max_actions_per_turn="
                f"{config.prompt.max_actions_per_turn}]")
   eval_rollout_config(config)  # eval.num_groups, eval.temperature
+  lora_config(config, None if config.model_dir else models.get_config(config.model))
   _validate_diagnostics(config)
   _require_int("checkpoint.every", config.checkpoint.every, 0,
                "must be an int >= 0 (0: a checkpoint after SFT and after the last step only)")
@@ -450,6 +480,7 @@ class Experiment:
       self.model_config = models.get_config(c.model)
     if c.get("remat", False):  # absent in runs saved before the field
       self.model_config = self.model_config.replace(remat=True)
+    self.lora_config = lora_config(c, self.model_config)  # None: LoRA off
     r = c.rollout
     self.rollout_config = rollout_config(c)
     self.context_size = rollout.context_size(self.text_env, self.rollout_config)
@@ -546,14 +577,28 @@ class Experiment:
   def init_params(self):
     """Initial policy parameters (random, or the Hugging Face checkpoint).
 
-    Each array is created (or loaded) straight onto its mesh sharding.
+    Each array is created (or loaded) straight onto its mesh sharding. With
+    ``config.lora`` on: a ``models.LoraParams`` of that base and fresh
+    adapters (B zero: the base's logits).
     """
     c = self.config
     shardings = self.param_shardings()
     if c.model_dir:
-      return models.load_hf_checkpoint(c.model_dir, shardings=shardings)[0]
-    return jax.block_until_ready(jax.jit(lambda k: models.init(self.model_config, k),
-                                         out_shardings=shardings)(jax.random.key(c.seed)))
+      base = models.load_hf_checkpoint(c.model_dir, shardings=shardings)[0]
+    else:
+      base = jax.block_until_ready(jax.jit(lambda k: models.init(self.model_config, k),
+                                           out_shardings=shardings)(jax.random.key(c.seed)))
+    return self._with_lora(base)
+
+  def _with_lora(self, base):
+    """``base`` with the run's fresh LoRA adapters on their shardings (``base`` when off)."""
+    if self.lora_config is None:
+      return base
+    key = jax.random.fold_in(jax.random.key(self.config.seed), 4)
+    make = lambda: models.init_lora(None, self.model_config, self.lora_config, key)  # noqa: E731
+    adapters = jax.jit(make, out_shardings=sharding.param_shardings(
+        jax.eval_shape(make), self.mesh))()
+    return adapters.replace(base=base)
 
   # ----------------------------------------------------------------------- SFT
   def demonstrations(self):
@@ -661,8 +706,20 @@ class Experiment:
     onto this run's.
     """
     abstract = jax.eval_shape(
-        lambda k: self.rl_state(models.init(self.model_config, k)), jax.random.key(0))
-    return sharding.train_state_target(abstract, self.mesh)
+        lambda k: self.rl_state(self._with_lora(models.init(self.model_config, k))),
+        jax.random.key(0))
+    target = sharding.train_state_target(abstract, self.mesh)
+    if self.lora_config is None:
+      return target
+    # LoRA: checkpoints hold no base; the target carries the reloaded one
+    # (a copy for each further LoRA trunk: a donated state holds each buffer once).
+    target, frozen = models.split_frozen(target)
+    base = self.init_params().base
+    real, seen = [], False
+    for f in frozen:  # the policy's base comes first (TrainState.params)
+      real.append(None if f is None else jax.tree.map(jnp.copy, base) if seen else base)
+      seen = seen or f is not None
+    return models.join_frozen(target, real)
 
   def rl_key(self, step: int) -> jax.Array:
     """The rollout key of RL step ``step`` (0-based)."""
@@ -846,8 +903,14 @@ class Experiment:
   def export(self, workdir: str, params) -> None:
     """Writes the policy as a Hugging Face directory ``<workdir>/policy``.
 
-    Every process gathers the parameters and process 0 writes.
+    A LoRA policy is written merged there, and its adapters alone as a PEFT
+    adapter directory ``<workdir>/policy_adapter``. Every process gathers
+    the parameters and process 0 writes.
     """
     params = sharding.to_host(params)
     if self.is_primary:
       train.export_policy(params, self.model_config, os.path.join(workdir, "policy"))
+      if isinstance(params, models.LoraParams):  # also the adapters alone, for PEFT
+        models.save_peft_adapter(params, self.model_config,
+                                 os.path.join(workdir, "policy_adapter"),
+                                 base_model_name_or_path=self.config.model_dir or None)

@@ -146,7 +146,11 @@ _SURFACES["jagent.transforms"] = [
 _SURFACES["jagent.models"] = [
     "GenerateOutput",
     "KVCache",
+    "LORA_MODULES",
     "LayerParams",
+    "LoraConfig",
+    "LoraPair",
+    "LoraParams",
     "ModelConfig",
     "Params",
     "SamplingConfig",
@@ -160,12 +164,19 @@ _SURFACES["jagent.models"] = [
     "hidden_states",
     "init",
     "init_cache",
+    "init_lora",
+    "join_frozen",
     "load_hf_checkpoint",
+    "load_peft_adapter",
+    "lora_axes",
+    "merge_lora",
     "param_axes",
     "read_hf_config",
     "rope_inv_freq",
     "sample_logits",
     "save_hf_checkpoint",
+    "save_peft_adapter",
+    "split_frozen",
 ]
 
 _SURFACES["jagent.tokenizers"] = [

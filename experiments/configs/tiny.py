@@ -52,6 +52,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Rematerialize each decoder block in the backward pass (ModelConfig.remat):
   # less activation memory for ~1 more forward of compute; off for tiny models.
   c.remat = False
+  # LoRA adapters (jagent.models.LoraConfig) on a frozen base; rank 0: off
+  # (every weight trains). target_modules: "all-linear" or names from q, k, v,
+  # o, gate, up, down ("q,v"). Only the adapters and their Adam moments are
+  # trained and checkpointed; the base is reloaded (model_dir, or the seed).
+  c.lora = ml_collections.ConfigDict(dict(
+      rank=0, alpha=32.0, dropout=0.0, target_modules="all-linear"))
   # Devices: "" runs on one device; a jagent.sharding.make_mesh spec ("data:8",
   # "data:2,fsdp:2,tensor:2", "fsdp:-1") spreads the run over every device jax
   # sees (all processes' with --distributed); rows over data x fsdp.

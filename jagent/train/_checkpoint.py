@@ -39,6 +39,14 @@ class Checkpointer:
   (``async_save``) and :meth:`wait` blocks until they are on disk; every
   reading method waits first.
 
+  LoRA: the frozen base of every :class:`jagent.models.LoraParams` in the
+  state is left out (``models.split_frozen``): a checkpoint holds the
+  adapters, their optimizer state and the rest of the state, and
+  :meth:`restore` puts the target's bases back. The base is reloaded from
+  where it came from (its Hugging Face directory, or ``models.init`` with
+  the run's seed), so pass a target whose bases are those arrays (abstract
+  bases come back abstract: join the real ones with ``models.join_frozen``).
+
   Restore needs a target (a state of the right structure, or its
   ``jax.eval_shape``): without one orbax turns optax's NamedTuples into
   lists (orbax-checkpoint 0.12.8 restores a tree it has no type for as
@@ -86,6 +94,7 @@ class Checkpointer:
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
       raise ValueError(f"step must be an int >= 0; got {step!r}.")
+    state, _ = models.split_frozen(state)  # LoRA: no base in the checkpoint
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                               meta=ocp.args.JsonSave(dict(metadata or {})))
     return self._manager.save(step, args=args, force=True)
@@ -124,16 +133,18 @@ class Checkpointer:
       step: the step to restore, or None for the latest.
 
     Returns:
-      ``(state, metadata)``.
+      ``(state, metadata)``; with LoRA, each ``LoraParams``'s base is the
+      target's (the checkpoint holds none).
 
     Raises:
       ValueError: if there is no such checkpoint.
     """
     step = self._step(step)
+    target, frozen = models.split_frozen(target)
     args = ocp.args.Composite(state=ocp.args.StandardRestore(_abstract(target)),
                               meta=ocp.args.JsonRestore())
     out = self._manager.restore(step, args=args)
-    return out.state, dict(out.meta)
+    return models.join_frozen(out.state, frozen), dict(out.meta)
 
   def restore_metadata(self, step: int | None = None) -> dict[str, Any]:
     """Only the JSON metadata of checkpoint ``step`` (default: the latest).
@@ -152,20 +163,24 @@ class Checkpointer:
     self._manager.close()
 
 
-def export_policy(params: models.Params, config: models.ModelConfig,
+def export_policy(params: models.Params | models.LoraParams, config: models.ModelConfig,
                   path: str) -> None:
   """Writes the policy as a Hugging Face checkpoint directory.
 
   Delegates to :func:`jagent.models.save_hf_checkpoint` (``config.json`` +
   ``model.safetensors``), loadable with :func:`jagent.models.load_hf_checkpoint`
-  or ``transformers``.
+  or ``transformers``. A LoRA policy is written merged
+  (:func:`jagent.models.merge_lora`); its adapters alone, in PEFT's format:
+  :func:`jagent.models.save_peft_adapter`.
 
   Args:
-    params: policy parameters (e.g. ``state.params``).
+    params: policy parameters (e.g. ``state.params``), plain or LoRA.
     config: their model config.
     path: output directory (created).
 
   Raises:
     ValueError: params whose shapes disagree with ``config``.
   """
+  if isinstance(params, models.LoraParams):
+    params = models.merge_lora(params)
   models.save_hf_checkpoint(params, config, path)
