@@ -312,9 +312,10 @@ def account(res: dict[str, Any]) -> list[str]:
       "one compiled program, env steps and parsing on device)",
       f"why: each tunix call re-renders and re-tokenizes the whole conversation on the host "
       f"and prefills it from an empty cache, left-padded to max_prompt_length="
-      f"{res['context_size']}: {turns * res['context_size']:.0f} prefilled positions per "
-      f"iteration; jagent keeps the KV cache across turns and prefills only each turn's new "
-      "tokens",
+      f"{t['max_prompt_length']}: {turns * t['max_prompt_length']:.0f} prefilled positions "
+      f"per iteration (longest re-tokenized prompt {t['longest_prompt']} tokens; jagent's "
+      f"whole episode fits {res['context_size']}); jagent keeps the KV cache across turns and "
+      "prefills only each turn's new tokens",
       f"why: tunix steps the game from Python threads (JaxEnvAsHost, one jitted call per "
       f"action) and builds each group's batch on the host; its update "
       f"({_fmt(t.get('update_s'), '.3f')} s) vs jagent's update + advantages "

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 from absl.testing import absltest
 
@@ -29,9 +30,10 @@ def run_benchmark(*args: str) -> subprocess.CompletedProcess:
 class PeerRlBenchmarkTest(absltest.TestCase):
 
   def test_jagent_side_prints_table_and_json_without_the_peer(self):
-    venv = os.path.join(self.create_tempdir().full_path, "no_venv")
-    proc = run_benchmark("--model=nano", "--num_groups=2", "--group_size=2", "--max_turns=2",
-                         "--iterations=1", f"--peer_venv={venv}")
+    with tempfile.TemporaryDirectory() as tmp:
+      venv = os.path.join(tmp, "no_venv")
+      proc = run_benchmark("--model=nano", "--num_groups=2", "--group_size=2",
+                           "--max_turns=2", "--iterations=1", f"--peer_venv={venv}")
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     out = proc.stdout
     self.assertIn("peer RL benchmark: model nano", out)
@@ -62,9 +64,6 @@ class PeerRlBenchmarkTest(absltest.TestCase):
     proc = run_benchmark("--iterations=0", "--peer=none")
     self.assertNotEqual(proc.returncode, 0)
     self.assertIn("--iterations=0: must be an int >= 1", proc.stderr)
-    proc = run_benchmark("--model=no-such-model", "--peer=none")
-    self.assertNotEqual(proc.returncode, 0)
-    self.assertIn("--model='no-such-model': known configs are", proc.stderr)
 
 
 if __name__ == "__main__":
