@@ -130,3 +130,34 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.diagnostics = ml_collections.ConfigDict(dict(
       every=25, num_rows=32, min_reward_std=0.1, min_entropy=0.02, min_mutual_info=0.01))
   return c
+
+
+def benchmark_config(env: str, algorithm: str, model: str, num_groups: int, group_size: int,
+                     max_turns: int, max_tokens_per_turn: int, history_turns: int,
+                     seed: int = 0) -> ml_collections.ConfigDict:
+  """``get_config("<env>,<algorithm>")`` at a benchmark's sizes, from random weights.
+
+  No SFT and no collapse diagnostics (``diagnostics.every = 0``: they run on
+  a few logged steps only, and the benchmarks time early steps).
+
+  Args:
+    env: a registered env id.
+    algorithm: a ``jagent.transforms`` name (the main job's: ``"starpo_s"``).
+    model: a ``jagent.models`` config name (random weights).
+    num_groups, group_size, max_turns, max_tokens_per_turn: the rollout's
+      (``config.rollout.*``).
+    history_turns: ``config.rollout.history_turns`` (-1: full history).
+    seed: ``config.seed``.
+
+  Returns:
+    An ``ml_collections.ConfigDict`` for :class:`experiments.common.Experiment`
+    (not validated yet: ``experiments.common.validate`` names a bad field).
+  """
+  c = get_config(f"{env},{algorithm}")
+  c.model = model
+  c.seed = seed
+  c.rollout.update(dict(num_groups=num_groups, group_size=group_size, max_turns=max_turns,
+                        max_tokens_per_turn=max_tokens_per_turn, history_turns=history_turns))
+  c.sft.steps = 0
+  c.diagnostics.every = 0
+  return c
