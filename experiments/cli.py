@@ -8,7 +8,7 @@ what to fix (exit status 1), not a traceback::
 
     $ python -m experiments.train --config.rl.lr=1e-4
     error: --config.rl.lr=1e-4: the config has no field config.rl.lr; closest:
-    config.rl.learning_rate, config.sft.learning_rate, config.rl.critic_learning_rate
+    config.rl.learning_rate, config.rl.critic_learning_rate, config.sft.learning_rate
 
 ``ml_collections`` itself defines an override flag per ``--config.<field>``
 while it parses, and a field the config lacks ends in a ~30-line

@@ -298,8 +298,9 @@ def _keyword_defaults(signature: inspect.Signature) -> dict[str, Any]:
 
   A plain default (bool, int, float, str) as it is; a default of None as a
   typed ``ml_collections`` placeholder (a flag can set it; null in
-  config.json), or ``{}`` for a dict of keyword arguments. Keywords no flag
-  could set (e.g. a Transform) and :data:`_RUN_KWARGS` are left out.
+  config.json), or ``{}`` for a dict (of keyword arguments: a flag sets it
+  as a dict literal). Keywords no flag could set (e.g. a Transform) and
+  :data:`_RUN_KWARGS` are left out.
   """
   out = {}
   for name, p in signature.parameters.items():
@@ -322,12 +323,6 @@ def _hyperparameters(algorithm: str) -> dict[str, Any]:
   if algorithm not in transforms.registered():
     raise _bad("algorithm", algorithm, f"unknown; known: {list(transforms.registered())}")
   return _keyword_defaults(transforms.signature(algorithm))
-
-
-def _estimator_defaults(advantage: str) -> dict[str, Any]:
-  """:func:`_keyword_defaults` of the advantage estimator named ``advantage``."""
-  return _keyword_defaults(inspect.signature(transforms.ADVANTAGE_ESTIMATORS[advantage],
-                                             eval_str=True))
 
 
 def config_arg(arg: str | None, default: str) -> tuple[str, str]:
@@ -364,9 +359,12 @@ def algorithm_kwargs(algorithm: str, **values) -> ml_collections.ConfigDict:
   The keywords of ``jagent.transforms.signature(algorithm)`` with their
   defaults (see :func:`_keyword_defaults`), so that each shows in the
   written config.json and is a flag
-  (``--config.algorithm_kwargs.entropy_coef=0.01``). An objective that
-  takes a named ``advantage`` gets that estimator's own hyperparameters in
-  ``advantage_kwargs`` (``--config.algorithm_kwargs.advantage_kwargs.eps=...``).
+  (``--config.algorithm_kwargs.entropy_coef=0.01``). StarPO's
+  ``advantage_kwargs`` (the named advantage estimator's own
+  hyperparameters) stays ``{}`` unless set, so that
+  ``--config.algorithm_kwargs.advantage=gigpo`` alone switches the
+  estimator; it is set as a dict
+  (``--config.algorithm_kwargs.advantage_kwargs="{'step_gamma': 0.9}"``).
   The uncertainty filter is the run's (``config.rl.filter_*``), not here.
 
   Args:
@@ -387,10 +385,6 @@ def algorithm_kwargs(algorithm: str, **values) -> ml_collections.ConfigDict:
       raise _bad(f"algorithm_kwargs.{k}", v, _not_a_hyperparameter(algorithm, k, out))
     if v is not None or not isinstance(out[k], config_dict.FieldReference):
       out[k] = v
-  advantage = out.get("advantage")
-  if "advantage_kwargs" in out and advantage in transforms.ADVANTAGE_ESTIMATORS:
-    out["advantage_kwargs"] = {**_estimator_defaults(advantage),
-                               **(values.get("advantage_kwargs") or {})}
   return ml_collections.ConfigDict(out)
 
 
@@ -428,14 +422,12 @@ def objective_kwargs(config) -> dict[str, Any]:
     if advantage not in transforms.ADVANTAGE_ESTIMATORS:
       raise _bad("algorithm_kwargs.advantage", advantage,
                  f"unknown; known: {sorted(transforms.ADVANTAGE_ESTIMATORS)}")
-    own = _estimator_defaults(advantage)
+    own = inspect.signature(transforms.ADVANTAGE_ESTIMATORS[advantage]).parameters
     for k, v in (kwargs.get("advantage_kwargs") or {}).items():
       if k not in own:
-        raise _bad(
-            f"algorithm_kwargs.advantage_kwargs.{k}", v,
-            f"not a hyperparameter of the advantage {advantage!r}; its hyperparameters: "
-            f"{sorted(own)} (the config file filled advantage_kwargs for its own advantage: "
-            f"with another one pass --config.algorithm_kwargs.advantage_kwargs=\"{{}}\" too)")
+        raise _bad(f"algorithm_kwargs.advantage_kwargs.{k}", v,
+                   f"not a hyperparameter of the advantage {advantage!r}; its "
+                   f"hyperparameters: {sorted(own)}")
   return kwargs
 
 

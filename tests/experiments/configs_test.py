@@ -82,7 +82,7 @@ class TinyConfigsTest(parameterized.TestCase):
           self.assertEqual(kw.kl_coef, 0.0)
     kw = tiny.get_config("Bandit-v0,starpo_s").algorithm_kwargs.to_dict()
     self.assertEqual(kw, {
-        "advantage": "grpo", "advantage_kwargs": {"eps": 1e-6, "normalize_std": True},
+        "advantage": "grpo", "advantage_kwargs": {},
         "critic": None, "eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0, "kl_coef": 0.0,
         "kl_estimator": "k3", "entropy_coef": 0.001, "value_coef": 1.0, "value_clip": 0.5,
         "aggregation": "seq-mean-token-mean", "turn_weighting": "episode"})
@@ -104,10 +104,10 @@ class RagenConfigsTest(parameterized.TestCase):
 
   def test_ragen_v1_values(self):
     c = ragen.get_config("Sokoban-6x6-1box-v0,starpo_s")
-    # The objectives' own defaults: RAGEN's (GAE with gamma = lambda = 1, no KL,
-    # clip-higher 0.28, entropy 0.001).
+    # The objectives' own defaults: RAGEN's (GAE, no KL, clip-higher 0.28,
+    # entropy 0.001).
     self.assertEqual(c.algorithm_kwargs.to_dict(), {
-        "advantage": "gae", "advantage_kwargs": {"gamma": 1.0, "lambda_": 1.0, "whiten": True},
+        "advantage": "gae", "advantage_kwargs": {},
         "critic": None, "eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0, "kl_coef": 0.0,
         "kl_estimator": "k3", "entropy_coef": 0.001, "value_coef": 1.0, "value_clip": 0.5,
         "aggregation": "token-mean", "turn_weighting": "episode"})

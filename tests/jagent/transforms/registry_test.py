@@ -130,6 +130,15 @@ class RegistrationTest(absltest.TestCase):
     self.assertNotIn("_aliases", imported)
     self.assertNotIn("jagent.transforms._aliases", imported)
 
+  def test_signature_is_the_factorys_with_types(self):
+    sig = transforms.signature("starpo_s")
+    self.assertEqual(sig, inspect.signature(_aliases.starpo_s, eval_str=True))
+    p = sig.parameters
+    self.assertEqual((p["eps_high"].default, p["kl_coef"].default), (0.28, 0.0))
+    self.assertEqual(p["critic"].annotation, bool | None)  # evaluated, not a string
+    with self.assertRaisesRegex(ValueError, r"unknown objective 'grpo2'; registered: "):
+      transforms.signature("grpo2")
+
   def test_decorator_registers_a_new_objective(self):
     name = "registry_test_pg"
     self.addCleanup(_registry._REGISTRY.pop, name, None)  # pylint: disable=protected-access
