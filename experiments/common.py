@@ -19,17 +19,22 @@ the same config, and only process 0 writes files other than checkpoints
 from __future__ import annotations
 
 import collections
+import difflib
 import functools
+import inspect
 import json
 import math
 import os
 import re
 import time
+import typing
 from typing import Any, Callable, Sequence
 
 from absl import logging
 import jax
 import jax.numpy as jnp
+import ml_collections
+from ml_collections import config_dict
 import numpy as np
 
 import envs_jax
@@ -86,8 +91,78 @@ def _fields_json(config, fields) -> str:
   return json.dumps(out, sort_keys=True, default=repr)
 
 
-def _bad(field: str, value: Any, why: str) -> ValueError:
-  return ValueError(f"config.{field}={value!r}: {why}")
+class ConfigError(ValueError):
+  """A bad config: the message names the config field (``config.rl.steps=-5: ...``).
+
+  The programs (``experiments.cli.run``) print it as one line, without a
+  traceback.
+  """
+
+
+def _bad(field: str, value: Any, why: str) -> ConfigError:
+  return ConfigError(f"config.{field}={value!r}: {why}")
+
+
+def closest(name: str, known: Sequence[str], n: int = 3) -> list[str]:
+  """Up to ``n`` of ``known`` closest to ``name`` (a misspelt field), best first.
+
+  Each candidate's last dotted part is compared with ``name``'s by
+  ``difflib`` similarity, and also by its initials (``lr`` is close to
+  ``learning_rate``); those at least 0.65 similar are kept, the candidates
+  in ``name``'s own group first.
+  """
+  parent, _, last = name.rpartition(".")
+
+  def score(candidate):
+    group, _, field = candidate.rpartition(".")
+    initials = "".join(w[:1] for w in field.split("_"))
+    sim = max(difflib.SequenceMatcher(None, last, f).ratio() for f in (field, initials))
+    return group == parent, sim
+
+  scored = [(score(c), c) for c in known]
+  return [c for (_, sim), c in sorted((x for x in scored if x[0][1] >= 0.65),
+                                       key=lambda x: x[0], reverse=True)[:n]]
+
+
+def _paths(node, prefix: str = "") -> list[str]:
+  """Every dotted field path of a ConfigDict (groups and their fields)."""
+  out = []
+  for k in node.keys():
+    out.append(prefix + k)
+    if hasattr(node[k], "keys"):
+      out += _paths(node[k], f"{prefix}{k}.")
+  return out
+
+
+def config_field(config, path: str) -> Any:
+  """The value of the dotted field ``path`` of ``config`` (``"rl.learning_rate"``).
+
+  Raises:
+    ConfigError: ``config`` has no such field: the message names it and the
+      closest known fields (:func:`closest`), or else the fields of its group.
+  """
+  node = config
+  parts = path.split(".")
+  for i, part in enumerate(parts):
+    group = ".".join(["config"] + parts[:i])
+    if not hasattr(node, "keys"):
+      raise ConfigError(f"{group} is a value, not a group of fields (no field config.{path})")
+    if part not in node:
+      where = ".".join(parts[:i + 1])
+      near = closest(where, _paths(config))
+      raise ConfigError(f"the config has no field config.{where}; " + (
+          f"closest: {', '.join('config.' + c for c in near)}" if near
+          else f"{group} has: {', '.join(sorted(node.keys()))}"))
+    node = node[part]
+  return node
+
+
+# What to set instead, for a config field whose dataclass's own message names
+# a field of the dataclass that the config does not have.
+_HINTS = {
+    "rollout.temperature": "the train rollout samples; greedy evaluation is config.eval.greedy",
+    "eval.temperature": "config.eval.greedy=True adds a greedy evaluation",
+}
 
 
 def _named(build: Callable[..., Any], fields: dict[str, tuple[str, Any]], **fixed) -> Any:
@@ -96,17 +171,46 @@ def _named(build: Callable[..., Any], fields: dict[str, tuple[str, Any]], **fixe
   ``fields`` maps each argument of ``build`` (a config dataclass) to
   ``(config field, value)``. A ValueError of the dataclass's own checks that
   names one of those arguments (``"RolloutConfig.group_size=0: ..."``) is
-  re-raised naming the config field (``"config.rollout.group_size=0:
-  ..."``); any other error propagates as it is.
+  re-raised as a :class:`ConfigError` naming the config field
+  (``"config.rollout.group_size=0: ..."``), its parenthesised advice
+  replaced by :data:`_HINTS`'s where that names the dataclass's fields;
+  any other error propagates as it is.
   """
   try:
     return build(**{arg: value for arg, (_, value) in fields.items()}, **fixed)
   except ValueError as e:
-    m = re.match(r"\w+\.(\w+)=", str(e))
+    text = str(e)
+    m = re.match(r"\w+\.(\w+)(=?)", text)
     if m is None or m.group(1) not in fields:
       raise
     field, value = fields[m.group(1)]
-    raise _bad(field, value, str(e).partition(": ")[2] or str(e)) from e
+    if m.group(2):  # "Owner.arg=<value>: why"
+      why = text.partition(": ")[2] or text
+    else:  # "Owner.arg uses ...": the rest is the reason
+      why = text[m.end():].strip()
+    if field in _HINTS:
+      why = re.sub(r" \([^()]*\)$", "", why) + f" ({_HINTS[field]})"
+    raise _bad(field, value, why) from e
+
+
+def prompt_config(config) -> rollout.PromptConfig:
+  """The run's PromptConfig (``config.prompt``).
+
+  Raises:
+    ConfigError: PromptConfig's own checks, or a ``chat_template`` that is
+      not one of ``jagent.tokenizers.CHAT_TEMPLATES`` (``""``: the
+      tokenizer's), naming ``config.prompt.<field>``.
+  """
+  p = config.prompt
+  if p.chat_template and p.chat_template not in tokenizers.CHAT_TEMPLATES:
+    raise _bad("prompt.chat_template", p.chat_template,
+               f"unknown; known: {sorted(tokenizers.CHAT_TEMPLATES)} or \"\" (the tokenizer's)")
+  return _named(rollout.PromptConfig, {
+      f: (f"prompt.{f}", p[f]) for f in ("system", "first_turn", "next_turn", "think",
+                                         "max_actions_per_turn")},
+                instructions=p.instructions if p.instructions != "" or
+                "{instructions}" not in p.first_turn else None,
+                chat_template=p.chat_template or None)
 
 
 def rollout_config(config) -> rollout.RolloutConfig:
@@ -212,6 +316,178 @@ def filter_config(config) -> losses.FilterConfig:
       "include_zero": ("rl.include_zero", rl.include_zero)})
 
 
+# Objective arguments the run sets itself, kept out of config.algorithm_kwargs:
+# the run's one filter replaces the objective's (train.iteration_filter).
+_RUN_KWARGS = {"filter_config": "config.rl.filter_mode, config.rl.filter_value and "
+                                "config.rl.include_zero"}
+
+
+def _keyword_defaults(signature: inspect.Signature) -> dict[str, Any]:
+  """The config values of the keywords of ``signature`` that have a default.
+
+  A plain default (bool, int, float, str) as it is; a default of None as a
+  typed ``ml_collections`` placeholder (a flag can set it; null in
+  config.json), or ``{}`` for a dict (of keyword arguments: a flag sets it
+  as a dict literal). Keywords no flag could set (e.g. a Transform) and
+  :data:`_RUN_KWARGS` are left out.
+  """
+  out = {}
+  for name, p in signature.parameters.items():
+    if p.default is inspect.Parameter.empty or name in _RUN_KWARGS:
+      continue
+    if p.default is None:
+      types = [t for t in typing.get_args(p.annotation) if t is not type(None)]
+      kind = (typing.get_origin(types[0]) or types[0]) if len(types) == 1 else None
+      if kind is dict:
+        out[name] = {}
+      elif kind in (bool, int, float, str):
+        out[name] = config_dict.placeholder(kind)
+    elif isinstance(p.default, (bool, int, float, str)):
+      out[name] = p.default
+  return out
+
+
+def _hyperparameters(algorithm: str) -> dict[str, Any]:
+  """:func:`_keyword_defaults` of the objective ``algorithm`` (ConfigError if unknown)."""
+  if algorithm not in transforms.registered():
+    raise _bad("algorithm", algorithm, f"unknown; known: {list(transforms.registered())}")
+  return _keyword_defaults(transforms.signature(algorithm))
+
+
+def config_arg(arg: str | None, default: str) -> tuple[str, str]:
+  """``(env id, algorithm)`` of a config file's argument ``"<env id>,<algorithm>"``.
+
+  The argument is the text after the config file's ``:``
+  (``--config=experiments/configs/tiny.py:FrozenLake-4x4-v0,grpo``); None or
+  ``""`` is ``default``.
+
+  Raises:
+    ConfigError: not two comma-separated names, an unregistered environment
+      or an unknown algorithm, naming the argument and the known names.
+  """
+  text = arg or default
+  parts = text.split(",")
+  where = f"config argument {text!r} (<env id>,<algorithm> after the config file's ':')"
+  if len(parts) != 2 or not all(p.strip() for p in parts):
+    raise ConfigError(f"{where}: expected two names separated by a comma, e.g. {default!r}")
+  env, algorithm = (p.strip() for p in parts)
+  if env not in envs_jax.registered():
+    near = closest(env, sorted(envs_jax.registered()))
+    raise ConfigError(f"{where}: unknown environment {env!r}"
+                      + (f" (closest: {', '.join(near)})" if near else "")
+                      + f"; registered: {', '.join(sorted(envs_jax.registered()))}")
+  if algorithm not in transforms.registered():
+    raise ConfigError(f"{where}: unknown algorithm {algorithm!r}; registered: "
+                      f"{', '.join(transforms.registered())}")
+  return env, algorithm
+
+
+def algorithm_kwargs(algorithm: str, **values) -> ml_collections.ConfigDict:
+  """``config.algorithm_kwargs``: every hyperparameter of the objective, ``values`` set.
+
+  The keywords of ``jagent.transforms.signature(algorithm)`` with their
+  defaults (see :func:`_keyword_defaults`), so that each shows in the
+  written config.json and is a flag
+  (``--config.algorithm_kwargs.entropy_coef=0.01``). StarPO's
+  ``advantage_kwargs`` (the named advantage estimator's own
+  hyperparameters) stays ``{}`` unless set, so that
+  ``--config.algorithm_kwargs.advantage=gigpo`` alone switches the
+  estimator; it is set as a dict
+  (``--config.algorithm_kwargs.advantage_kwargs="{'step_gamma': 0.9}"``).
+  The uncertainty filter is the run's (``config.rl.filter_*``), not here.
+
+  Args:
+    algorithm: a registered objective name (``jagent.transforms.registered()``).
+    **values: hyperparameters that differ from the objective's defaults
+      (``advantage_kwargs``: a dict updating the estimator's defaults).
+
+  Returns:
+    a ConfigDict of plain values and typed placeholders (defaults of None).
+
+  Raises:
+    ConfigError: an unknown algorithm, or a key of ``values`` that is not
+      one of its hyperparameters.
+  """
+  out = _hyperparameters(algorithm)
+  for k, v in values.items():
+    if k not in out:
+      raise _bad(f"algorithm_kwargs.{k}", v, _not_a_hyperparameter(algorithm, k, out))
+    if v is not None or not isinstance(out[k], config_dict.FieldReference):
+      out[k] = v
+  return ml_collections.ConfigDict(out)
+
+
+def _not_a_hyperparameter(algorithm: str, key: str, known) -> str:
+  if key in _RUN_KWARGS:
+    return f"the run sets it: {_RUN_KWARGS[key]}"
+  near = closest(key, list(known))
+  return (f"not a hyperparameter of the objective {algorithm!r}"
+          + (f" (closest: {', '.join(near)})" if near else "")
+          + f"; its hyperparameters: {sorted(known)}")
+
+
+def objective_kwargs(config) -> dict[str, Any]:
+  """``config.algorithm_kwargs`` as ``jagent.transforms.make``'s keyword arguments.
+
+  Configs written before every hyperparameter was listed (a subset of the
+  keys) are valid.
+
+  Raises:
+    ConfigError: a key that is not a hyperparameter of ``config.algorithm``
+      (naming it, the closest and the known ones), an unknown
+      ``advantage``, or an ``advantage_kwargs`` key its advantage does not
+      take.
+  """
+  known = _hyperparameters(config.algorithm)
+  kwargs = config.algorithm_kwargs.to_dict()
+  for k, v in kwargs.items():
+    if k not in known:
+      raise _bad(f"algorithm_kwargs.{k}", v,
+                 _not_a_hyperparameter(config.algorithm, k, known)
+                 + " (a config file fills algorithm_kwargs for the algorithm of its argument: "
+                 "choose it there, --config=<file>:<env id>,<algorithm>)")
+  advantage = kwargs.get("advantage", known.get("advantage"))
+  if "advantage" in known and isinstance(advantage, str):
+    if advantage not in transforms.ADVANTAGE_ESTIMATORS:
+      raise _bad("algorithm_kwargs.advantage", advantage,
+                 f"unknown; known: {sorted(transforms.ADVANTAGE_ESTIMATORS)}")
+    own = inspect.signature(transforms.ADVANTAGE_ESTIMATORS[advantage]).parameters
+    for k, v in (kwargs.get("advantage_kwargs") or {}).items():
+      if k not in own:
+        raise _bad(f"algorithm_kwargs.advantage_kwargs.{k}", v,
+                   f"not a hyperparameter of the advantage {advantage!r}; its "
+                   f"hyperparameters: {sorted(own)}")
+  return kwargs
+
+
+def objective(config) -> transforms.Objective:
+  """``transforms.make(config.algorithm, **objective_kwargs(config))`` (no compile).
+
+  Raises:
+    ConfigError: from :func:`objective_kwargs`, or the objective's own checks
+      (e.g. ``entropy_coef=-1``) naming the ``config.algorithm_kwargs`` field
+      to blame: each set key whose default instead makes the objective build.
+  """
+  kwargs = objective_kwargs(config)
+  try:
+    return transforms.make(config.algorithm, **kwargs)
+  except ValueError as e:
+    params = transforms.signature(config.algorithm).parameters
+
+    def builds(k):
+      try:
+        transforms.make(config.algorithm, **{**kwargs, k: params[k].default})
+        return True
+      except (TypeError, ValueError):
+        return False
+
+    blamed = [k for k, v in kwargs.items() if v != params[k].default and builds(k)]
+    if not blamed:
+      raise ConfigError(f"config.algorithm_kwargs of {config.algorithm!r}: {e}") from e
+    raise ConfigError(", ".join(f"config.algorithm_kwargs.{k}={kwargs[k]!r}" for k in blamed)
+                      + f": {e}") from e
+
+
 # The Echo Trap early warning (collapse_alert): a metric and its floor in
 # config.diagnostics.
 ALERT_FLOORS = (("filter/reward_std_before", "min_reward_std"),
@@ -311,14 +587,17 @@ def _validate_diagnostics(config) -> None:
 
 
 def validate(config, num_devices: int | None = None) -> None:
-  """Checks a train/eval config; raises ValueError naming the first bad field.
+  """Checks a train/eval config; raises ConfigError naming the first bad field.
 
   Builds the run's config dataclasses (RolloutConfig, OptimizerConfig,
-  TrainConfig, ...) and re-raises their own checks' errors naming the config
-  field (e.g. ``config.rl.learning_rate``), then checks what spans fields
-  (rows per minibatch, SFT batch, evaluation chunks, the mesh). Reads no
-  model directory. ``num_devices`` is the device count ``config.mesh`` must
-  use (default ``jax.device_count()``: every process's devices).
+  TrainConfig, PromptConfig, ...) and the objective, and re-raises their
+  own checks' errors naming the config field (e.g.
+  ``config.rl.learning_rate``, ``config.algorithm_kwargs.entropy_coef``),
+  then checks what spans fields (a group-relative objective's group size,
+  rows per minibatch, SFT batch, evaluation chunks, the mesh). Reads no
+  model directory and compiles nothing. ``num_devices`` is the device count
+  ``config.mesh`` must use (default ``jax.device_count()``: every process's
+  devices).
   """
   if config.env not in envs_jax.registered():
     raise _bad("env", config.env, f"not a registered environment; known: "
@@ -332,7 +611,17 @@ def validate(config, num_devices: int | None = None) -> None:
                "(pass --config.model_dir=<a Hugging Face model directory>)")
   if config.model not in models.config_names() and not config.model_dir:
     raise _bad("model", config.model, f"unknown; known: {models.config_names()}")
+  prompt_config(config)
   r = rollout_config(config)
+  # Group-relative advantages (GRPO, RLOO, GiGPO, ...) are all 0 with one
+  # rollout a group: such a run would train nothing.
+  if objective(config).needs.groups and r.group_size < 2:
+    raise _bad("rollout.group_size", r.group_size,
+               f"the objective {config.algorithm!r} compares the rollouts of a group, so with "
+               "one rollout a group every advantage is 0 and nothing is learned; set "
+               "config.rollout.group_size >= 2")
+  for field in ("rl.steps", "sft.steps", "eval.every", "eval.samples"):
+    _require_int(field, config_field(config, field), 0, "must be an int >= 0")
   fc = filter_config(config)
   if config.rl.critic not in train.CRITIC_KINDS:
     raise _bad("rl.critic", config.rl.critic, f"unknown; known: {train.CRITIC_KINDS}")
@@ -465,13 +754,7 @@ class Experiment:
     self.tokenizer = (tokenizers.load_tiny_tokenizer() if c.tokenizer == "tiny"
                       else tokenizers.HFTokenizer(c.tokenizer or c.model_dir))
     self.env, self.env_params = envs_jax.make(c.env)
-    p = c.prompt
-    self.prompt = _named(rollout.PromptConfig, {
-        f: (f"prompt.{f}", p[f]) for f in ("system", "first_turn", "next_turn", "think",
-                                           "max_actions_per_turn")},
-                         instructions=p.instructions if p.instructions != "" or
-                         "{instructions}" not in p.first_turn else None,
-                         chat_template=p.chat_template or None)
+    self.prompt = prompt_config(c)
     self.text_env = rollout.TextEnv(self.env, self.tokenizer, self.prompt,
                                     env_params=self.env_params)
     if c.model_dir:
@@ -492,7 +775,7 @@ class Experiment:
     # objective kept is the one that runs on the compacted rows (its filter
     # stage rebuilt so the filter applies once), as train.rl_iteration does.
     self.filter_config, self.objective = train.iteration_filter(
-        transforms.make(c.algorithm, **dict(c.algorithm_kwargs)), filter_config(c))
+        objective(c), filter_config(c))
     self.num_keep = (train.num_kept_groups(r.num_groups, self.filter_config)
                      if self.filter_config.fixed_count else r.num_groups)
     self.needs = self.objective.needs

@@ -134,6 +134,7 @@ _SURFACES["jagent.transforms"] = [
     "reinforce_pp",
     "rloo",
     "row_weights",
+    "signature",
     "starpo",
     "starpo_s",
     "stateless",

@@ -19,11 +19,12 @@ from __future__ import annotations
 import ml_collections
 
 import envs_jax
+from experiments import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The config of ``"<env id>,<algorithm>"`` (see the module docstring)."""
-  env, algorithm = (arg or "Sokoban-6x6-1box-v0,starpo_s").split(",")
+  env, algorithm = common.config_arg(arg, "Sokoban-6x6-1box-v0,starpo_s")
   # Each game's own episode budgets and system message (Environment.agent_defaults),
   # read without building its params: nothing here may start a JAX backend
   # before a multi-host run's jax.distributed.initialize.
@@ -39,10 +40,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Each trajectory weighs the same in the loss (seq-mean-token-mean): with
   # token-mean, failed episodes (all turns played) outweigh solved ones
   # (fewer turns). Measurements: docs/results.md, "Tuning notes of the tiny config".
-  c.algorithm_kwargs = ml_collections.ConfigDict(
+  # Every other hyperparameter at the objective's default, each a flag
+  # (--config.algorithm_kwargs.entropy_coef=0.01) and in config.json.
+  c.algorithm_kwargs = common.algorithm_kwargs(algorithm, **(
       {"kl_coef": 0.0, "advantage": "grpo", "aggregation": "seq-mean-token-mean"}
       if algorithm in ("starpo", "starpo_s")
-      else {"kl_coef": 0.0} if algorithm not in ("reinforce_pp",) else {})
+      else {"kl_coef": 0.0} if algorithm not in ("reinforce_pp",) else {}))
   c.seed = 0
   # ~0.28M parameters (d64, 4 layers): "nano" (2 layers) never left uniform
   # actions in SFT on Sokoban; "tiny" (0.65M) is ~2x slower per step.

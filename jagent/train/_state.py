@@ -236,7 +236,7 @@ def objective_needs(name: str, **kwargs: Any) -> transforms.ObjectiveNeeds:
 
   Returns:
     :class:`jagent.transforms.ObjectiveNeeds` ``(critic, reference,
-    entropy)``.
+    entropy, groups)``.
 
   Raises:
     ValueError: for an unregistered name or keyword arguments the objective
@@ -246,8 +246,8 @@ def objective_needs(name: str, **kwargs: Any) -> transforms.ObjectiveNeeds:
 
     >>> from jagent import train
     >>> train.objective_needs("starpo_s")
-    ObjectiveNeeds(critic=True, reference=False, entropy=True)
+    ObjectiveNeeds(critic=True, reference=False, entropy=True, groups=False)
     >>> train.objective_needs("grpo")
-    ObjectiveNeeds(critic=False, reference=True, entropy=True)
+    ObjectiveNeeds(critic=False, reference=True, entropy=True, groups=True)
   """
   return transforms.make(name, **kwargs).needs
