@@ -57,8 +57,7 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", str(pathlib.Path(__file__).parent / "configs" / "tiny.py"),
     "An ml_collections config file (experiments/configs/*.py[:arg]).")
 _WORKDIR = flags.DEFINE_string(
-    "workdir", os.path.join(os.path.expanduser("~"), "jagent_runs", "default"),
-    "Output directory; an existing run there resumes.")
+    "workdir", common.DEFAULT_WORKDIR, "Output directory; an existing run there resumes.")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False,
     "Call jax.distributed.initialize before anything else (multi-process runs). Without "
