@@ -47,6 +47,10 @@ from jagent import train
 from jagent import transforms
 
 
+# Where experiments.train writes a run and experiments.eval reads it by default.
+DEFAULT_WORKDIR = os.path.join(os.path.expanduser("~"), "jagent_runs", "default")
+
+
 def setup_compilation_cache(path: str | None = None) -> None:
   """Persists XLA compilations across runs (``$JAX_COMPILATION_CACHE_DIR`` wins)."""
   path = os.environ.get("JAX_COMPILATION_CACHE_DIR") or path or os.path.join(
@@ -1186,13 +1190,18 @@ class Experiment:
   def export(self, workdir: str, params) -> None:
     """Writes the policy as a Hugging Face directory ``<workdir>/policy``.
 
-    A LoRA policy is written merged there, and its adapters alone as a PEFT
-    adapter directory ``<workdir>/policy_adapter``. Every process gathers
-    the parameters and process 0 writes.
+    Weights, config and the tokenizer files with the prompt's chat template
+    (``jagent.train.export_policy``): ``transformers``' ``AutoTokenizer`` and
+    ``AutoModelForCausalLM`` load it. A LoRA policy is written merged there,
+    and its adapters alone as a PEFT adapter directory
+    ``<workdir>/policy_adapter``. Every process gathers the parameters and
+    process 0 writes.
     """
     params = sharding.to_host(params)
     if self.is_primary:
-      train.export_policy(params, self.model_config, os.path.join(workdir, "policy"))
+      train.export_policy(params, self.model_config, os.path.join(workdir, "policy"),
+                          tokenizer=self.tokenizer, chat_template=self.config.prompt.chat_template
+                          or None)
       if isinstance(params, models.LoraParams):  # also the adapters alone, for PEFT
         models.save_peft_adapter(params, self.model_config,
                                  os.path.join(workdir, "policy_adapter"),

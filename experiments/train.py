@@ -53,8 +53,7 @@ from experiments import common
 
 _CONFIG = cli.define_config_flag()  # a bad --config ends the program with one line
 _WORKDIR = flags.DEFINE_string(
-    "workdir", os.path.join(os.path.expanduser("~"), "jagent_runs", "default"),
-    "Output directory; an existing run there resumes.")
+    "workdir", common.DEFAULT_WORKDIR, "Output directory; an existing run there resumes.")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False,
     "Call jax.distributed.initialize before anything else (multi-process runs). Without "

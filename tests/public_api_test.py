@@ -182,6 +182,7 @@ _SURFACES["jagent.models"] = [
 
 _SURFACES["jagent.tokenizers"] = [
     "CHAT_TEMPLATES",
+    "CHAT_TEMPLATES_JINJA",
     "HFTokenizer",
     "SentencePieceTokenizer",
     "TINY_SYMBOLS",

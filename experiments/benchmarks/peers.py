@@ -8,6 +8,9 @@ whether to skip.
 
 from __future__ import annotations
 
+import importlib.util
+from typing import Sequence
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +25,26 @@ try:
   from jumanji.environments.routing.sokoban import types as jtypes  # pylint: disable=g-import-not-at-top
 except ImportError:  # pragma: no cover
   jumanji = None
+
+
+
+def missing(modules: Sequence[str], extra: str) -> str | None:
+  """Why a peer cannot run: its modules that are not installed, and the extra that installs them.
+
+  Args:
+    modules: the peer's top-level module names (e.g. ``("torch", "transformers")``).
+    extra: the pyproject extra that installs them (e.g. ``"hf"``).
+
+  Returns:
+    E.g. ``"torch is not installed: pip install -e .[hf]"``, or None when
+    every module is importable.
+  """
+  absent = [m for m in modules if importlib.util.find_spec(m) is None]
+  if not absent:
+    return None
+  verb = "is" if len(absent) == 1 else "are"
+  return f"{' and '.join(absent)} {verb} not installed: pip install -e .[{extra}]"
+
 
 # Our action a -> Jumanji's action with the same move.
 ACTION_TO_JUMANJI = np.asarray([0, 2, 3, 1], np.int32)  # Up, Down, Left, Right

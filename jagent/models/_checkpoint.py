@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
@@ -210,6 +210,7 @@ def save_hf_checkpoint(
     path: str,
     *,
     max_shard_bytes: int | None = None,
+    extra_files: Mapping[str, str] | None = None,
 ) -> None:
   """Writes ``params`` as a Hugging Face checkpoint directory.
 
@@ -217,15 +218,18 @@ def save_hf_checkpoint(
   the tensors exceed ``max_shard_bytes``, ``model-0000i-of-0000n.safetensors``
   files plus model.safetensors.index.json. Tensors keep the params' dtype.
   Every shape is checked before anything is written; the files are written
-  in full in a staging directory beside ``path``, then moved in (weights,
-  then the index, then config.json; ``jagent._src.files.staged_directory``),
-  so an interrupted export never leaves a truncated or half-new checkpoint.
+  in full in a staging directory beside ``path``, then moved in (weights and
+  ``extra_files``, then the index, then config.json;
+  ``jagent._src.files.staged_directory``), so an interrupted export never
+  leaves a truncated or half-new checkpoint.
 
   Args:
     params: the parameters (gathered to the host).
     config: their config.
     path: output directory (created).
     max_shard_bytes: optional size limit per file.
+    extra_files: file name -> text written beside the weights, e.g. a
+      tokenizer's ``Tokenizer.hf_files()``.
 
   Raises:
     ValueError: params whose shapes disagree with ``config``.
@@ -264,6 +268,9 @@ def save_hf_checkpoint(
         weight_map.update({name: fn for name in shard})
       with open(os.path.join(staging, INDEX_FILE), "w") as fh:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fh, indent=2)
+    for name, text in (extra_files or {}).items():
+      with open(os.path.join(staging, name), "w", encoding="utf-8") as fh:
+        fh.write(text)
     with open(os.path.join(staging, CONFIG_FILE), "w") as fh:
       json.dump(hf, fh, indent=2)
 

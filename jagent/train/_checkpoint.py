@@ -9,6 +9,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from jagent import models
+from jagent import tokenizers
 from jagent._src.types import PyTree
 
 CHECKPOINT_DIR = "checkpoints"
@@ -164,23 +165,43 @@ class Checkpointer:
 
 
 def export_policy(params: models.Params | models.LoraParams, config: models.ModelConfig,
-                  path: str) -> None:
-  """Writes the policy as a Hugging Face checkpoint directory.
+                  path: str, *, tokenizer: tokenizers.Tokenizer | None = None,
+                  chat_template: str | None = None) -> None:
+  """Writes the policy as a Hugging Face directory that ``transformers`` loads and chats with.
 
-  Delegates to :func:`jagent.models.save_hf_checkpoint` (``config.json`` +
-  ``model.safetensors``), loadable with :func:`jagent.models.load_hf_checkpoint`
-  or ``transformers``. A LoRA policy is written merged
-  (:func:`jagent.models.merge_lora`); its adapters alone, in PEFT's format:
-  :func:`jagent.models.save_peft_adapter`.
+  :func:`jagent.models.save_hf_checkpoint` (``config.json`` +
+  ``model.safetensors``) plus, given a ``tokenizer``, its
+  ``tokenizer.json`` and ``tokenizer_config.json`` (special tokens and the
+  Jinja chat template; ``Tokenizer.hf_files``), all moved in together, so
+  ``AutoTokenizer.from_pretrained(path)`` and
+  ``AutoModelForCausalLM.from_pretrained(path)`` load it and
+  ``apply_chat_template`` writes the prompts the policy was trained on.
+  :func:`jagent.models.load_hf_checkpoint` and
+  :class:`jagent.tokenizers.HFTokenizer` load it back. A LoRA policy is
+  written merged (:func:`jagent.models.merge_lora`); its adapters alone, in
+  PEFT's format: :func:`jagent.models.save_peft_adapter`.
 
   Args:
     params: policy parameters (e.g. ``state.params``), plain or LoRA.
     config: their model config.
     path: output directory (created).
+    tokenizer: the policy's tokenizer (None: weights and config only).
+    chat_template: the name of the chat template the policy was trained
+      with (``jagent.tokenizers.CHAT_TEMPLATES``; e.g. the run's
+      ``PromptConfig.chat_template``); None: the tokenizer's own.
 
   Raises:
-    ValueError: params whose shapes disagree with ``config``.
+    ValueError: params whose shapes disagree with ``config``, a tokenizer
+      whose vocabulary is larger than ``config.vocab_size``, or what
+      ``Tokenizer.hf_files`` raises (an unknown template, a tokenizer without
+      a ``tokenizer.json`` form); all before anything is written.
   """
+  extra = None
+  if tokenizer is not None:
+    if tokenizer.vocab_size > config.vocab_size:
+      raise ValueError(f"tokenizer of {tokenizer.vocab_size} ids does not fit the model's "
+                       f"vocab_size={config.vocab_size}")
+    extra = tokenizer.hf_files(chat_template)
   if isinstance(params, models.LoraParams):
     params = models.merge_lora(params)
-  models.save_hf_checkpoint(params, config, path)
+  models.save_hf_checkpoint(params, config, path, extra_files=extra)
