@@ -66,8 +66,10 @@ def setup_compilation_cache(path: str | None = None) -> None:
 _PROGRAMS: collections.OrderedDict = collections.OrderedDict()
 _MAX_PROGRAMS = 16
 # The config fields a rollout program depends on.
-ROLLOUT_FIELDS = ("env", "tokenizer", "model", "model_dir", "prompt", "rollout",
+ROLLOUT_FIELDS = ("env", "tokenizer", "model", "model_dir", "lora", "prompt", "rollout",
                   "eval.num_groups")
+# The config fields an SFT step program depends on (LoRA: the params' structure).
+SFT_FIELDS = ("model", "model_dir", "lora", "sft")
 
 
 def shared_program(key: tuple, build: Callable[[], Any]) -> Any:
@@ -90,7 +92,7 @@ def _fields_json(config, fields) -> str:
   for f in fields:
     node = config
     for part in f.split("."):
-      node = node[part]
+      node = node.get(part) if node is not None else None  # absent in older runs: None
     out[f] = node.to_dict() if hasattr(node, "to_dict") else node
   return json.dumps(out, sort_keys=True, default=repr)
 
@@ -957,7 +959,7 @@ class Experiment:
     indices = self.sft_batch_indices(demos.row_valid)
     success = float(np.mean(demos.success))
     step_fn = shared_program(
-        ("sft_step", self.signature(("model", "model_dir", "sft")), self._devices_key),
+        ("sft_step", self.signature(SFT_FIELDS), self._devices_key),
         lambda: sharding.shard_sft_step(tc, self.mesh,
                                         sharding.train_state_shardings(state, self.mesh)))
     tokens, loss_mask = np.asarray(batch_all.tokens), np.asarray(batch_all.loss_mask)

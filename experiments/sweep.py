@@ -218,7 +218,7 @@ def sft_program(exp: common.Experiment, field: str | None, batching: str = "vmap
     state, metrics = jax.lax.scan(body, state, indices)
     return state.params, metrics
 
-  key = ("sweep_sft", exp.signature(("model", "model_dir", "sft")), traced, batching)
+  key = ("sweep_sft", exp.signature(common.SFT_FIELDS), traced, batching)
   return common.shared_program(key, lambda: jax.jit(over_runs(one, batching, (0,) * 5)))
 
 

@@ -203,7 +203,7 @@ class ConfigFieldTest(absltest.TestCase):
                  "config.sft.learning_rate",
         "rollout.temprature": "closest: config.rollout.temperature, config.eval.temperature",
         "rollout.greedy": "closest: config.eval.greedy",
-        "rollouts.group_size": "closest: config.rollout",
+        "rollouts.group_size": "closest: config.rollout, config.lora.dropout",
         "algorithm_kwargs.entropy": "closest: config.algorithm_kwargs.entropy_coef, "
                                     "config.diagnostics.min_entropy",
     }
