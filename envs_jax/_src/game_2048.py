@@ -1,0 +1,343 @@
+"""2048 in pure JAX: RAGEN-2's ``Game2048-4x4-v0``.
+
+Id (registered on import): ``Game2048-4x4-v0``, the 4x4 board wrapped in
+:class:`~envs_jax.TimeLimit` with 700 steps (RAGEN's ``config/envs.yaml``
+``max_actions_per_traj`` for ``game_2048``; RAGEN's env itself never
+truncates).
+
+Rules (RAGEN's ``ragen/env/game_2048``, the usual 2048): a move slides every
+tile as far as it goes towards one side; two equal tiles that meet merge into
+one of twice the value, each tile merging at most once per move, pairs taken
+from the side moved to. A move that changes nothing is invalid. After a valid
+move one tile spawns on a uniformly random empty cell: 2 with probability
+``two_prob`` (0.9), else 4; a reset spawns two. The game ends when no move
+changes the board.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from envs_jax._src import environment
+from envs_jax._src import registration
+from envs_jax._src import wrappers
+
+# Actions in RAGEN's (and Jumanji's) order.
+UP, RIGHT, DOWN, LEFT = 0, 1, 2, 3
+ACTION_NAMES = ("Up", "Right", "Down", "Left")
+MAX_STEPS = 700  # RAGEN's max_actions_per_traj for game_2048
+_TILE_DIGITS = 6  # a 4x4 board's largest tile is 2**17 = 131072
+_SCORE_DIGITS = 8  # a 4x4 game scores below 4 million
+
+
+@struct.dataclass
+class Game2048Params:
+  """Tunable parameters of :class:`Game2048` (vmappable).
+
+  Attributes:
+    two_prob: probability that a spawned tile is 2 (else 4); RAGEN's 0.9.
+    log_reward: True: a valid move earns ``0.1 * log2(m + 1)`` for merged
+      value ``m > 0`` (0 without a merge), RAGEN's default
+      ``use_log_reward``; False: ``m`` itself (the game's score).
+    invalid_reward: the reward of a move that changes nothing (RAGEN's
+      ``invalid_act_score`` -0.1). RAGEN's code applies its log transform
+      after this penalty and so pays 0.0 for an invalid move under the log
+      reward; ``params.replace(invalid_reward=0.0)`` reproduces that.
+  """
+
+  two_prob: jax.Array  # shape=(), dtype=float32, in [0, 1]
+  log_reward: jax.Array  # shape=(), dtype=bool
+  invalid_reward: jax.Array  # shape=(), dtype=float32
+
+
+@struct.dataclass
+class Game2048State:
+  """State of :class:`Game2048`.
+
+  Attributes:
+    board: tile values (0 = empty, else 2, 4, 8, ...), row 0 at the top.
+    score: sum of the merged values so far (RAGEN's ``score``).
+  """
+
+  board: jax.Array  # shape=(size, size), dtype=int32
+  score: jax.Array  # shape=(), dtype=int32
+
+
+def _slide_row_left(row: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """One row moved left: ``(new row, merged value)``, int32 [n] and int32 scalar.
+
+  The non-zero tiles are taken left to right; each one either merges with a
+  pending equal tile (written doubled) or is held pending; unrolled over the
+  static row length.
+  """
+  n = row.shape[0]
+  out = jnp.zeros_like(row)
+  write = jnp.int32(0)
+  pending = jnp.int32(0)
+  merged = jnp.int32(0)
+  for j in range(n):
+    v = row[j]
+    present = v != 0
+    merge = present & (pending == v)
+    flush = present & ~merge & (pending != 0)  # the pending tile stays as it is
+    value = jnp.where(merge, 2 * v, pending)
+    out = jnp.where(merge | flush, out.at[write].set(value), out)
+    write = write + (merge | flush).astype(jnp.int32)
+    merged = merged + jnp.where(merge, 2 * v, 0)
+    pending = jnp.where(merge, 0, jnp.where(present, v, pending))
+  out = jnp.where(pending != 0, out.at[write].set(pending), out)
+  return out, merged
+
+
+# Each move as the left move of turned rows, and the turn back.
+_TRANSFORMS = (
+    lambda b: b.T,  # Up: columns as rows, top first
+    lambda b: b[:, ::-1],  # Right: rows reversed
+    lambda b: b[::-1].T,  # Down: columns as rows, bottom first
+    lambda b: b,  # Left
+)
+_INVERSES = (
+    lambda b: b.T,
+    lambda b: b[:, ::-1],
+    lambda b: b.T[::-1],
+    lambda b: b,
+)
+
+
+def move_all(board: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Every move of ``board`` without the spawn.
+
+  Args:
+    board: int32 [n, n] tile values.
+
+  Returns:
+    ``(boards, merged, moved)``: int32 [4, n, n] the board after Up, Right,
+    Down, Left; int32 [4] the merged value of each move; bool [4] whether
+    the move changes the board (RAGEN's valid actions).
+  """
+  boards, merged = [], []
+  for a in range(4):
+    rows, m = jax.vmap(_slide_row_left)(_TRANSFORMS[a](board))
+    boards.append(_INVERSES[a](rows))
+    merged.append(jnp.sum(m))
+  boards = jnp.stack(boards)
+  return boards, jnp.stack(merged), jnp.any(boards != board[None], axis=(1, 2))
+
+
+def spawn_tile(key: jax.Array, board: jax.Array, two_prob: jax.Array) -> jax.Array:
+  """``board`` with a 2 (probability ``two_prob``) or a 4 on a uniform empty cell.
+
+  A full board is returned unchanged.
+  """
+  k_cell, k_value = jax.random.split(key)
+  empty = (board == 0).reshape(-1)
+  u = jax.random.uniform(k_cell, empty.shape)
+  cell = jnp.argmax(jnp.where(empty, u, -1.0))  # uniform over the empty cells
+  value = jnp.where(jax.random.uniform(k_value) < two_prob, 2, 4).astype(board.dtype)
+  flat = board.reshape(-1)
+  return jnp.where(jnp.any(empty), flat.at[cell].set(value), flat).reshape(board.shape)
+
+
+# ------------------------------------------------------------------ rendering
+_DIGITS = tuple(str(d) for d in range(10))
+_SEP = ", "
+_VALID_NAMES = tuple(f"{a}({name})" for a, name in enumerate(ACTION_NAMES))
+_GRID_HEAD = "Current 2048 Grid:\nRow 1: ["
+_AFTER_GRID = "]\n\nValid Actions: "
+_NONE = "None"
+_AFTER_ACTIONS = ".\nGoal: Merge same numbers to reach 2048.\nCurrent Score: "
+_TAIL = "\nWhat is your next move?"
+
+
+class Game2048(environment.Environment[Game2048State, Game2048Params]):
+  """RAGEN-2's 2048 on a ``size x size`` board (default 4x4).
+
+  Observation: int32 [size, size], the tile values (0 empty).
+
+  Action: int32 scalar in [0, 4): Up, Right, Down, Left (traced out-of-range
+  values are clipped).
+
+  Reward: float32. A valid move: its merged value ``m`` (the sum of the new
+  merged tiles), or ``0.1 * log2(m + 1)`` (0 without a merge) under
+  ``params.log_reward`` (default, RAGEN's). A move that changes nothing:
+  ``params.invalid_reward`` (-0.1), board unchanged, no spawn.
+
+  Termination: after a valid move and its spawn, no move changes the board
+  (RAGEN checks only after valid moves, as here). No truncation here (see
+  the registered id's ``TimeLimit``).
+
+  info: ``success`` (bool, terminated with a tile of at least 2048, RAGEN's
+  ``success``), ``action_effective`` (bool, the move was valid),
+  ``merged`` (int32, the move's merged value, RAGEN's ``raw_reward`` when
+  valid).
+
+  Text: RAGEN's ``render()`` exactly: ``Current 2048 Grid:``, ``Row i: [a, b,
+  c, d]`` per row, a blank line, ``Valid Actions: 0(Up), 2(Down).`` (or
+  ``None.``), the goal line, ``Current Score: s`` and ``What is your next
+  move?``.
+
+  Raises:
+    ValueError: on a bad ``size`` or ``two_prob``.
+  """
+
+  action_names = ACTION_NAMES
+
+  def __init__(self, size: int = 4, two_prob: float = 0.9, log_reward: bool = True,
+               invalid_reward: float = -0.1):
+    """Builds the env.
+
+    Args:
+      size: static side length of the board (2..9).
+      two_prob: default ``params.two_prob`` in [0, 1].
+      log_reward: default ``params.log_reward``.
+      invalid_reward: default ``params.invalid_reward``.
+
+    Raises:
+      ValueError: naming the bad argument.
+    """
+    if not isinstance(size, int) or isinstance(size, bool) or not 2 <= size <= 9:
+      raise ValueError(f"Game2048: size must be an int in [2, 9], got {size!r}")
+    if not 0.0 <= float(two_prob) <= 1.0:
+      raise ValueError(f"Game2048: two_prob must be in [0, 1], got {two_prob!r}")
+    self.size = size
+    self._two_prob = float(two_prob)
+    self._log_reward = bool(log_reward)
+    self._invalid_reward = float(invalid_reward)
+    rows = tuple(f"]\nRow {r + 1}: [" for r in range(1, size))
+    self.symbols = ((environment.PAD_SYMBOL,) + _DIGITS
+                    + (_SEP, _GRID_HEAD) + rows
+                    + (_AFTER_GRID,) + _VALID_NAMES + (_NONE, _AFTER_ACTIONS, _TAIL))
+    self._id = {s: i for i, s in enumerate(self.symbols)}
+
+  @property
+  def default_params(self) -> Game2048Params:
+    return Game2048Params(two_prob=jnp.asarray(self._two_prob, jnp.float32),
+                          log_reward=jnp.asarray(self._log_reward, jnp.bool_),
+                          invalid_reward=jnp.asarray(self._invalid_reward, jnp.float32))
+
+  # RAGEN plays up to 800 turns (700 actions), one action a turn; configs start
+  # from a short window of the game. "<answer>Right</answer>" + EOS is 4 tokens.
+  agent_defaults = environment.AgentDefaults(
+      max_turns=10, max_actions_per_traj=10, max_tokens_per_turn=6,
+      system="You play 2048.")
+  expert_think_text = "I keep the board open and merge when I can."
+
+  @property
+  def instructions(self) -> str:
+    """Our rules text: the goal, the merge rule, the penalty and the actions."""
+    return ("You play 2048 on a 4x4 grid. A move slides every tile to one side; two equal "
+            "tiles that meet merge into their sum, which is added to your score. A move "
+            "that changes nothing costs a small penalty. After each move a 2 or a 4 "
+            f"appears on an empty cell.\n{environment.actions_sentence(self.action_names)}")
+
+  @functools.cached_property
+  def _moves_batch(self):
+    return jax.jit(jax.vmap(move_all))
+
+  def expert_answers(self, states, params, *, actions_per_turn=1, **options):
+    """A greedy expert's moves (host side; no 2048 solver exists).
+
+    Each move is the valid one that leaves the most empty cells, then the
+    largest merged value, ties broken in the order Down, Left, Right, Up
+    (which keeps large tiles in the bottom-left corner). Later moves of one
+    answer plan on the board without the spawns, which are unknown; a board
+    with no valid move answers ``Up``.
+
+    Args:
+      states: unbatched :class:`Game2048State` s with numpy leaves.
+      params: their params (unused).
+      actions_per_turn: moves per answer.
+      **options: other games' solver settings (ignored).
+
+    Returns:
+      Action names joined by ``" || "``, one text per state.
+    """
+    del params, options
+    if not states:
+      return []
+    boards = np.stack([np.asarray(s.board, np.int32) for s in states])
+    plans = [[] for _ in states]
+    done = np.zeros(len(states), bool)
+    preference = np.array([3, 1, 2, 0])[None]  # tie-break rank of Up, Right, Down, Left
+    for _ in range(actions_per_turn):
+      after, merged, moved = map(np.asarray, self._moves_batch(boards))
+      empty = np.sum(after == 0, axis=(2, 3))
+      key = np.where(moved, (empty * 10_000_000 + merged) * 4 + preference, -1)
+      best = np.argmax(key, axis=1)
+      for i, a in enumerate(best):
+        if not done[i]:
+          if moved[i, a]:
+            plans[i].append(int(a))
+          else:
+            done[i] = True
+      boards = after[np.arange(len(states)), best]
+    return [" || ".join(self.action_names[a] for a in (p or [UP])) for p in plans]
+
+  # --------------------------------------------------------------- dynamics
+  def reset_env(self, key, params):
+    k1, k2 = jax.random.split(key)
+    board = jnp.zeros((self.size, self.size), jnp.int32)
+    board = spawn_tile(k2, spawn_tile(k1, board, params.two_prob), params.two_prob)
+    state = Game2048State(board=board, score=jnp.zeros((), jnp.int32))
+    return self.observation(state), state
+
+  def step_env(self, key, state, action, params):
+    environment.check_discrete_action(self, action)
+    a = jnp.clip(jnp.asarray(action, jnp.int32), 0, 3)
+    boards, merged, moved = move_all(state.board)
+    valid = moved[a]
+    m = merged[a]
+    board = jnp.where(valid, spawn_tile(key, boards[a], params.two_prob), state.board)
+    terminated = valid & ~jnp.any(move_all(board)[2])
+    log_r = jnp.where(m > 0, 0.1 * jnp.log2(m.astype(jnp.float32) + 1.0), 0.0)
+    reward = jnp.where(valid, jnp.where(params.log_reward, log_r, m.astype(jnp.float32)),
+                       params.invalid_reward).astype(jnp.float32)
+    new_state = Game2048State(board=board, score=state.score + jnp.where(valid, m, 0))
+    info = {"success": terminated & (jnp.max(board) >= 2048), "action_effective": valid,
+            "merged": jnp.where(valid, m, 0)}
+    return (self.observation(new_state), new_state, reward, terminated,
+            jnp.zeros((), jnp.bool_), info)
+
+  # ------------------------------------------------------------------- text
+  def observation(self, state):
+    """int32 [size, size]: the tile values."""
+    return state.board
+
+  def render_symbols(self, state):
+    """int32 vector: RAGEN's text of the board, valid actions and score."""
+    ids = self._id
+    digit0 = ids["0"]
+    cell = lambda v: environment.number_symbols(v, digit0, int_digits=_TILE_DIGITS)
+    parts = [jnp.asarray([ids[_GRID_HEAD]], jnp.int32)]
+    for r in range(self.size):
+      if r:
+        parts.append(jnp.asarray([ids[f"]\nRow {r + 1}: ["]], jnp.int32))
+      for c in range(self.size):
+        if c:
+          parts.append(jnp.asarray([ids[_SEP]], jnp.int32))
+        parts.append(cell(state.board[r, c]))
+    parts.append(jnp.asarray([ids[_AFTER_GRID]], jnp.int32))
+    valid = move_all(state.board)[2]
+    # "0(Up), 2(Down)": a separator before every valid action but the first.
+    first = jnp.argmax(valid)
+    for a in range(4):
+      sep = jnp.where(valid[a] & (a > first), ids[_SEP], 0)
+      parts.append(jnp.stack([sep, jnp.where(valid[a], ids[_VALID_NAMES[a]], 0)]))
+    parts.append(jnp.where(jnp.any(valid), 0, ids[_NONE])[None])
+    parts.append(jnp.asarray([ids[_AFTER_ACTIONS]], jnp.int32))
+    parts.append(environment.number_symbols(state.score, digit0, int_digits=_SCORE_DIGITS))
+    parts.append(jnp.asarray([ids[_TAIL]], jnp.int32))
+    return jnp.concatenate([jnp.asarray(p, jnp.int32) for p in parts])
+
+  def __repr__(self) -> str:
+    return (f"Game2048(size={self.size}, two_prob={self._two_prob:.4g}, "
+            f"log_reward={self._log_reward}, invalid_reward={self._invalid_reward:.4g})")
+
+
+registration.register(
+    "Game2048-4x4-v0", lambda **kw: wrappers.TimeLimit(Game2048(**kw), MAX_STEPS))
