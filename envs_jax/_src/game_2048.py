@@ -68,30 +68,40 @@ class Game2048State:
   score: jax.Array  # shape=(), dtype=int32
 
 
-def _slide_row_left(row: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """One row moved left: ``(new row, merged value)``, int32 [n] and int32 scalar.
+def _compact_left(rows: jax.Array) -> jax.Array:
+  """The non-zero entries of each row moved to its front, order kept: int32 [..., n]."""
+  n = rows.shape[-1]
+  keep = rows != 0
+  pos = jnp.cumsum(keep, axis=-1) - 1
+  slots = jnp.arange(n).reshape((1,) * rows.ndim + (n,))
+  to = (pos[..., :, None] == slots) & keep[..., :, None]  # [..., from, to]
+  return jnp.sum(jnp.where(to, rows[..., :, None], 0), axis=-2)
 
-  The non-zero tiles are taken left to right; each one either merges with a
-  pending equal tile (written doubled) or is held pending; unrolled over the
-  static row length.
+
+def slide_left(rows: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Rows moved left with merges: ``(new rows, merged value per row)``.
+
+  Tiles close up; then equal neighbours merge pairwise from the left (in a
+  run of equal tiles the first two merge, then the next two, ...); the gaps
+  close again. Elementwise over a static row length, so it batches freely.
+
+  Args:
+    rows: int32 [..., n] tile values (0 empty).
+
+  Returns:
+    int32 [..., n] rows and int32 [...] sums of the new merged tiles.
   """
-  n = row.shape[0]
-  out = jnp.zeros_like(row)
-  write = jnp.int32(0)
-  pending = jnp.int32(0)
-  merged = jnp.int32(0)
-  for j in range(n):
-    v = row[j]
-    present = v != 0
-    merge = present & (pending == v)
-    flush = present & ~merge & (pending != 0)  # the pending tile stays as it is
-    value = jnp.where(merge, 2 * v, pending)
-    out = jnp.where(merge | flush, out.at[write].set(value), out)
-    write = write + (merge | flush).astype(jnp.int32)
-    merged = merged + jnp.where(merge, 2 * v, 0)
-    pending = jnp.where(merge, 0, jnp.where(present, v, pending))
-  out = jnp.where(pending != 0, out.at[write].set(pending), out)
-  return out, merged
+  c = _compact_left(rows)
+  equal = (c[..., :-1] == c[..., 1:]) & (c[..., :-1] != 0)  # [..., n - 1]
+  starts = [equal[..., 0]]
+  for i in range(1, equal.shape[-1]):  # a tile merged with its left neighbour starts none
+    starts.append(equal[..., i] & ~starts[-1])
+  start = jnp.stack(starts, axis=-1)
+  no = jnp.zeros_like(start[..., :1])
+  first = jnp.concatenate([start, no], axis=-1)  # the left tile of a merging pair
+  second = jnp.concatenate([no, start], axis=-1)  # the right tile, absorbed
+  merged = jnp.where(first, 2 * c, jnp.where(second, 0, c))
+  return _compact_left(merged), jnp.sum(jnp.where(first, 2 * c, 0), axis=-1)
 
 
 # Each move as the left move of turned rows, and the turn back.
@@ -120,13 +130,10 @@ def move_all(board: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     Down, Left; int32 [4] the merged value of each move; bool [4] whether
     the move changes the board (RAGEN's valid actions).
   """
-  boards, merged = [], []
-  for a in range(4):
-    rows, m = jax.vmap(_slide_row_left)(_TRANSFORMS[a](board))
-    boards.append(_INVERSES[a](rows))
-    merged.append(jnp.sum(m))
-  boards = jnp.stack(boards)
-  return boards, jnp.stack(merged), jnp.any(boards != board[None], axis=(1, 2))
+  rows = jnp.stack([f(board) for f in _TRANSFORMS])
+  slid, merged = slide_left(rows)
+  boards = jnp.stack([inv(b) for inv, b in zip(_INVERSES, slid)])
+  return boards, jnp.sum(merged, axis=-1), jnp.any(boards != board[None], axis=(1, 2))
 
 
 def spawn_tile(key: jax.Array, board: jax.Array, two_prob: jax.Array) -> jax.Array:
