@@ -317,6 +317,14 @@ class Game2048(environment.Environment[Game2048State, Game2048Params]):
 
   def render_symbols(self, state):
     """int32 vector: RAGEN's text of the board, valid actions and score."""
+    # One compiled program: render_text calls this outside jit, op by op otherwise.
+    return self._render_jit(state)
+
+  @functools.cached_property
+  def _render_jit(self):
+    return jax.jit(self._render)
+
+  def _render(self, state):
     ids = self._id
     digit0 = ids["0"]
     cell = lambda v: environment.number_symbols(v, digit0, int_digits=_TILE_DIGITS)
