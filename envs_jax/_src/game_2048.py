@@ -104,23 +104,68 @@ def slide_left(rows: jax.Array) -> tuple[jax.Array, jax.Array]:
   return _compact_left(merged), jnp.sum(jnp.where(first, 2 * c, 0), axis=-1)
 
 
-# Each move as the left move of turned rows, and the turn back.
-_TRANSFORMS = (
-    lambda b: b.T,  # Up: columns as rows, top first
-    lambda b: b[:, ::-1],  # Right: rows reversed
-    lambda b: b[::-1].T,  # Down: columns as rows, bottom first
-    lambda b: b,  # Left
-)
-_INVERSES = (
-    lambda b: b.T,
-    lambda b: b[:, ::-1],
-    lambda b: b.T[::-1],
-    lambda b: b,
-)
+def _turn_indices(n: int) -> tuple[np.ndarray, np.ndarray]:
+  """Each move as the left move of turned rows: flat gather indices and their inverses.
+
+  Returns:
+    ``(turn, back)``: int32 [4, n * n] each. Row-major, ``board.ravel()[turn[a]]``
+    holds the rows that move ``a`` slides left (Up: the columns top first;
+    Right: the rows reversed; Down: the columns bottom first; Left: the rows),
+    and ``rows.ravel()[back[a]]`` turns them back.
+  """
+  cells = np.arange(n * n).reshape(n, n)
+  turn = np.stack([cells.T, cells[:, ::-1], cells[::-1].T, cells]).reshape(4, -1)
+  return turn.astype(np.int32), np.argsort(turn, axis=1).astype(np.int32)
+
+
+def move(board: jax.Array, action: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """One move of ``board`` without the spawn.
+
+  Only the chosen direction is slid: the board is turned by a gather so that
+  the move is a left move, slid, and turned back.
+
+  Args:
+    board: int32 [n, n] tile values.
+    action: int32 scalar in [0, 4): Up, Right, Down, Left.
+
+  Returns:
+    ``(board, merged)``: int32 [n, n] the board after the move and int32
+    scalar its merged value. The move is valid (RAGEN's valid action) iff
+    the board changed.
+  """
+  n = board.shape[-1]
+  turn, back = (jnp.asarray(t) for t in _turn_indices(n))
+  slid, merged = slide_left(board.reshape(-1)[turn[action]].reshape(n, n))
+  return slid.reshape(-1)[back[action]].reshape(n, n), jnp.sum(merged)
+
+
+def valid_moves(board: jax.Array) -> jax.Array:
+  """bool [4]: which of Up, Right, Down, Left change ``board`` (no slide needed).
+
+  A move changes the board iff some row, turned as that move's left move,
+  has a tile right of an empty cell or two equal tiles side by side.
+
+  Args:
+    board: int32 [n, n] tile values.
+  """
+  n = board.shape[-1]
+  rows = board.reshape(-1)[jnp.asarray(_turn_indices(n)[0])].reshape(4, n, n)
+  left, right = rows[..., :-1], rows[..., 1:]
+  return jnp.any(((left == 0) & (right != 0)) | ((left == right) & (left != 0)), axis=(1, 2))
+
+
+def can_move(board: jax.Array) -> jax.Array:
+  """bool scalar: some move changes ``board`` (an empty cell or equal neighbours).
+
+  Args:
+    board: int32 [n, n] tile values.
+  """
+  return (jnp.any(board == 0) | jnp.any(board[:, 1:] == board[:, :-1])
+          | jnp.any(board[1:] == board[:-1]))
 
 
 def move_all(board: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Every move of ``board`` without the spawn.
+  """Every move of ``board`` without the spawn (the greedy expert's look-ahead).
 
   Args:
     board: int32 [n, n] tile values.
@@ -130,22 +175,30 @@ def move_all(board: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     Down, Left; int32 [4] the merged value of each move; bool [4] whether
     the move changes the board (RAGEN's valid actions).
   """
-  rows = jnp.stack([f(board) for f in _TRANSFORMS])
-  slid, merged = slide_left(rows)
-  boards = jnp.stack([inv(b) for inv, b in zip(_INVERSES, slid)])
-  return boards, jnp.sum(merged, axis=-1), jnp.any(boards != board[None], axis=(1, 2))
+  boards, merged = jax.vmap(move, in_axes=(None, 0))(board, jnp.arange(4))
+  return boards, merged, jnp.any(boards != board[None], axis=(1, 2))
 
 
-def spawn_tile(key: jax.Array, board: jax.Array, two_prob: jax.Array) -> jax.Array:
+def spawn_tile(u: jax.Array, board: jax.Array, two_prob: jax.Array) -> jax.Array:
   """``board`` with a 2 (probability ``two_prob``) or a 4 on a uniform empty cell.
 
-  A full board is returned unchanged.
+  The randomness comes in as uniform draws (one ``jax.random.uniform`` call
+  serves every spawn of a step or reset: each call compiles its own
+  threefry kernel).
+
+  Args:
+    u: float32 [n * n + 1] independent U[0, 1) draws: the first n * n pick
+      the cell (the empty cell with the largest draw, uniform over the empty
+      cells), the last one the value.
+    board: int32 [n, n] tile values.
+    two_prob: float32 scalar.
+
+  Returns:
+    int32 [n, n]; a full board unchanged.
   """
-  k_cell, k_value = jax.random.split(key)
   empty = (board == 0).reshape(-1)
-  u = jax.random.uniform(k_cell, empty.shape)
-  cell = jnp.argmax(jnp.where(empty, u, -1.0))  # uniform over the empty cells
-  value = jnp.where(jax.random.uniform(k_value) < two_prob, 2, 4).astype(board.dtype)
+  cell = jnp.argmax(jnp.where(empty, u[:-1], -1.0))
+  value = jnp.where(u[-1] < two_prob, 2, 4).astype(board.dtype)
   flat = board.reshape(-1)
   return jnp.where(jnp.any(empty), flat.at[cell].set(value), flat).reshape(board.shape)
 
@@ -287,20 +340,20 @@ class Game2048(environment.Environment[Game2048State, Game2048Params]):
 
   # --------------------------------------------------------------- dynamics
   def reset_env(self, key, params):
-    k1, k2 = jax.random.split(key)
+    u = jax.random.uniform(key, (2, self.size ** 2 + 1))
     board = jnp.zeros((self.size, self.size), jnp.int32)
-    board = spawn_tile(k2, spawn_tile(k1, board, params.two_prob), params.two_prob)
+    board = spawn_tile(u[1], spawn_tile(u[0], board, params.two_prob), params.two_prob)
     state = Game2048State(board=board, score=jnp.zeros((), jnp.int32))
     return self.observation(state), state
 
   def step_env(self, key, state, action, params):
     environment.check_discrete_action(self, action)
     a = jnp.clip(jnp.asarray(action, jnp.int32), 0, 3)
-    boards, merged, moved = move_all(state.board)
-    valid = moved[a]
-    m = merged[a]
-    board = jnp.where(valid, spawn_tile(key, boards[a], params.two_prob), state.board)
-    terminated = valid & ~jnp.any(move_all(board)[2])
+    slid, m = move(state.board, a)
+    valid = jnp.any(slid != state.board)
+    u = jax.random.uniform(key, (self.size ** 2 + 1,))
+    board = jnp.where(valid, spawn_tile(u, slid, params.two_prob), state.board)
+    terminated = valid & ~can_move(board)
     log_r = jnp.where(m > 0, 0.1 * jnp.log2(m.astype(jnp.float32) + 1.0), 0.0)
     reward = jnp.where(valid, jnp.where(params.log_reward, log_r, m.astype(jnp.float32)),
                        params.invalid_reward).astype(jnp.float32)
@@ -327,17 +380,16 @@ class Game2048(environment.Environment[Game2048State, Game2048Params]):
   def _render(self, state):
     ids = self._id
     digit0 = ids["0"]
-    cell = lambda v: environment.number_symbols(v, digit0, int_digits=_TILE_DIGITS)
-    parts = [jnp.asarray([ids[_GRID_HEAD]], jnp.int32)]
-    for r in range(self.size):
-      if r:
-        parts.append(jnp.asarray([ids[f"]\nRow {r + 1}: ["]], jnp.int32))
-      for c in range(self.size):
-        if c:
-          parts.append(jnp.asarray([ids[_SEP]], jnp.int32))
-        parts.append(cell(state.board[r, c]))
+    n = self.size
+    # The text before each cell: the grid head, a row's opening or ", ".
+    before = np.full((n, n), ids[_SEP], np.int32)
+    before[:, 0] = [ids[_GRID_HEAD]] + [ids[f"]\nRow {r + 1}: ["] for r in range(1, n)]
+    # All cells in one vmapped renderer: one copy of its ops, not n * n.
+    cells = jax.vmap(lambda v: environment.number_symbols(v, digit0, int_digits=_TILE_DIGITS))(
+        state.board.reshape(-1))
+    parts = [jnp.concatenate([jnp.asarray(before).reshape(-1, 1), cells], axis=1).reshape(-1)]
     parts.append(jnp.asarray([ids[_AFTER_GRID]], jnp.int32))
-    valid = move_all(state.board)[2]
+    valid = valid_moves(state.board)
     # "0(Up), 2(Down)": a separator before every valid action but the first.
     first = jnp.argmax(valid)
     for a in range(4):

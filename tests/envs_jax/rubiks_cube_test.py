@@ -1,4 +1,9 @@
-"""Tests of RubiksCube-2x2-v0: moves vs Jumanji, RAGEN's text and rules, scrambles, solver."""
+"""Tests of RubiksCube-2x2-v0: moves vs Jumanji, RAGEN's text and rules, scrambles, solver.
+
+The tests share a few compiled programs (``STEP``, ``RESETS`` at batch
+``N_LEVELS``; params are traced, so other depths do not recompile): compiles
+are what these tests cost.
+"""
 
 import collections
 
@@ -16,6 +21,7 @@ ENV, PARAMS = envs_jax.make("RubiksCube-2x2-v0")
 NAMES = ENV.action_names
 STEP = jax.jit(ENV.step)
 RESETS = jax.jit(jax.vmap(ENV.reset, in_axes=(0, None)))
+N_LEVELS = 10_000
 
 
 def act(name):
@@ -30,9 +36,13 @@ def play(state, names):
   return out
 
 
+def state_of(stickers):
+  return rubiks_cube.RubiksCubeState(stickers=jnp.asarray(stickers, jnp.int8),
+                                     steps=jnp.int32(0))
+
+
 def solved_state():
-  _, s = RESETS(jax.random.key(0)[None], PARAMS.replace(scramble_depth=jnp.int32(0)))
-  return jax.tree.map(lambda x: x[0], s)
+  return state_of(rubiks_cube.SOLVED)
 
 
 def apply_host(stickers, actions):
@@ -57,25 +67,18 @@ class JumanjiTest(absltest.TestCase):
     from jumanji.environments.logic.rubiks_cube import utils as jutils  # pylint: disable=g-import-not-at-top
     batch, steps = 1000, 10
     labels = jnp.broadcast_to(jnp.arange(24, dtype=jnp.int8), (batch, 24))
-    start = rubiks_cube.RubiksCubeState(stickers=labels, steps=jnp.zeros((batch,), jnp.int32))
-    actions = jax.random.randint(jax.random.key(0), (steps, batch), 0, 12)
-    to_j = jnp.asarray(peers.CUBE_ACTION_TO_JUMANJI)
-
-    def body(carry, a):
-      ours, theirs = carry
-      ours = jax.vmap(ENV.step, in_axes=(None, 0, 0, None))(
-          jax.random.key(0), ours, a, PARAMS)[1]
-      theirs = jax.vmap(jutils.rotate_cube)(theirs, to_j[a])
-      return (ours, theirs), (jax.vmap(peers.cube_to_jumanji)(ours.stickers), theirs)
-
-    @jax.jit
-    def run():
-      theirs = jax.vmap(peers.cube_to_jumanji)(labels)
-      return jax.lax.scan(body, (start, theirs), actions)[1]
-
-    ours, theirs = run()
-    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
-    self.assertEqual(set(np.asarray(actions).ravel().tolist()), set(range(12)))
+    ours = rubiks_cube.RubiksCubeState(stickers=labels, steps=jnp.zeros((batch,), jnp.int32))
+    actions = np.asarray(jax.random.randint(jax.random.key(0), (steps, batch), 0, 12))
+    to_j = peers.CUBE_ACTION_TO_JUMANJI
+    ours_step = jax.jit(jax.vmap(ENV.step, in_axes=(None, 0, 0, None)))
+    theirs_step = jax.jit(jax.vmap(jutils.rotate_cube))
+    as_jumanji = jax.jit(jax.vmap(peers.cube_to_jumanji))
+    theirs = as_jumanji(labels)
+    for a in actions:
+      ours = ours_step(jax.random.key(0), ours, a, PARAMS)[1]
+      theirs = theirs_step(theirs, to_j[a])
+      np.testing.assert_array_equal(np.asarray(as_jumanji(ours.stickers)), np.asarray(theirs))
+    self.assertEqual(set(actions.ravel().tolist()), set(range(12)))
 
 
 class MovesTest(absltest.TestCase):
@@ -119,8 +122,7 @@ class MovesTest(absltest.TestCase):
 class RulesTest(absltest.TestCase):
 
   def test_solving_ends_with_reward_one(self):
-    _, s = RESETS(jax.random.key(3)[None], PARAMS.replace(scramble_depth=jnp.int32(1)))
-    s = jax.tree.map(lambda x: x[0], s)
+    s = state_of(apply_host(rubiks_cube.SOLVED, [NAMES.index("F'")]))
     first = rubiks_cube_solver.solve_rubiks_cube(np.asarray(s.stickers))
     self.assertLen(first, 1)
     _, s2, reward, terminated, truncated, info = play(s, [NAMES[first[0]]])
@@ -159,7 +161,7 @@ class RulesTest(absltest.TestCase):
 class GeneratorTest(absltest.TestCase):
 
   def test_scrambles_are_ragen_uniform_walks(self):
-    n, depth = 10_000, 5
+    n, depth = N_LEVELS, 5
     keys = jax.random.split(jax.random.key(0), n)
     stickers = np.asarray(RESETS(keys, PARAMS)[1].stickers)
     table = rubiks_cube_solver.distance_table(depth)
@@ -183,9 +185,9 @@ class GeneratorTest(absltest.TestCase):
     self.assertAlmostEqual(float(np.mean(dist == 1)), share1, delta=0.01)
 
   def test_deeper_scrambles_are_distinct(self):
-    keys = jax.random.split(jax.random.key(1), 10_000)
+    keys = jax.random.split(jax.random.key(1), N_LEVELS)
     s = RESETS(keys, PARAMS.replace(scramble_depth=jnp.int32(12)))[1].stickers
-    self.assertGreaterEqual(len({r.tobytes() for r in np.asarray(s)}) / 10_000, 0.95)
+    self.assertGreaterEqual(len({r.tobytes() for r in np.asarray(s)}) / N_LEVELS, 0.95)
 
 
 class SolverTest(absltest.TestCase):
@@ -220,8 +222,8 @@ class SolverTest(absltest.TestCase):
     self.assertLen(rubiks_cube_solver.solve_rubiks_cube(five, max_depth=5), 5)
 
   def test_expert_solves_every_scramble_in_optimal_moves(self):
-    keys = jax.random.split(jax.random.key(2), 8)
-    states = jax.device_get(RESETS(keys, PARAMS)[1])
+    keys = jax.random.split(jax.random.key(2), N_LEVELS)
+    states = jax.tree.map(lambda x: x[:8], jax.device_get(RESETS(keys, PARAMS)[1]))
     step = STEP
     for i in range(8):
       s = jax.tree.map(lambda x, i=i: x[i], states)
