@@ -7,8 +7,10 @@
 # the notebook's cells are the same, so neither can rot.
 
 # %%
-# On Colab: install jagent from a clone of the repository first, e.g.
-#   !pip install -q -e /content/jagent
+# On Colab (jagent is not on PyPI), install it from your copy first: a wheel built in
+# your clone (`pip wheel --no-deps -w dist .` there; upload the .whl), e.g.
+#   !pip install -q /content/jagent-0.1.0.dev0-py3-none-any.whl
+# or the clone itself, uploaded or on a mounted Drive: !pip install -q -e /content/jagent
 import jax
 import jax.numpy as jnp
 

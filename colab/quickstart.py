@@ -16,9 +16,12 @@
 # the same, so neither can rot.
 
 # %%
-# On Colab: install jagent from a clone of the repository first, e.g.
-#   !git clone <URL of the jagent repository> /content/jagent
+# On Colab (jagent is not on PyPI), install it from your copy first. Either a wheel
+# built in your clone (`pip wheel --no-deps -w dist .` there; upload the .whl):
+#   !pip install -q /content/jagent-0.1.0.dev0-py3-none-any.whl
+# or the clone itself, uploaded or on a mounted Drive, e.g. at /content/jagent:
 #   !pip install -q -e /content/jagent
+# Either way installs every dependency; this notebook needs nothing else from the clone.
 import json
 import os
 import sys

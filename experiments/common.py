@@ -19,12 +19,15 @@ the same config, and only process 0 writes files other than checkpoints
 from __future__ import annotations
 
 import collections
+import difflib
 import functools
+import inspect
 import json
 import math
 import os
 import re
 import time
+import typing
 from typing import Any, Callable, Sequence
 
 from absl import app
@@ -32,6 +35,8 @@ from absl import flags
 from absl import logging
 import jax
 import jax.numpy as jnp
+import ml_collections
+from ml_collections import config_dict
 import numpy as np
 
 import envs_jax
@@ -42,6 +47,10 @@ from jagent import sharding
 from jagent import tokenizers
 from jagent import train
 from jagent import transforms
+
+
+# Where experiments.train writes a run and experiments.eval reads it by default.
+DEFAULT_WORKDIR = os.path.join(os.path.expanduser("~"), "jagent_runs", "default")
 
 
 def setup_compilation_cache(path: str | None = None) -> None:
@@ -116,8 +125,10 @@ def wilson_interval(rate: float, n: int) -> tuple[float, float]:
 _PROGRAMS: collections.OrderedDict = collections.OrderedDict()
 _MAX_PROGRAMS = 16
 # The config fields a rollout program depends on.
-ROLLOUT_FIELDS = ("env", "tokenizer", "model", "model_dir", "prompt", "rollout",
+ROLLOUT_FIELDS = ("env", "tokenizer", "model", "model_dir", "lora", "prompt", "rollout",
                   "eval.num_groups")
+# The config fields an SFT step program depends on (LoRA: the params' structure).
+SFT_FIELDS = ("model", "model_dir", "lora", "sft")
 
 
 def shared_program(key: tuple, build: Callable[[], Any]) -> Any:
@@ -140,13 +151,83 @@ def _fields_json(config, fields) -> str:
   for f in fields:
     node = config
     for part in f.split("."):
-      node = node[part]
+      node = node.get(part) if node is not None else None  # absent in older runs: None
     out[f] = node.to_dict() if hasattr(node, "to_dict") else node
   return json.dumps(out, sort_keys=True, default=repr)
 
 
-def _bad(field: str, value: Any, why: str) -> ValueError:
-  return ValueError(f"config.{field}={value!r}: {why}")
+class ConfigError(ValueError):
+  """A bad config: the message names the config field (``config.rl.steps=-5: ...``).
+
+  The programs (``experiments.cli.run``) print it as one line, without a
+  traceback.
+  """
+
+
+def _bad(field: str, value: Any, why: str) -> ConfigError:
+  return ConfigError(f"config.{field}={value!r}: {why}")
+
+
+def closest(name: str, known: Sequence[str], n: int = 3) -> list[str]:
+  """Up to ``n`` of ``known`` closest to ``name`` (a misspelt field), best first.
+
+  Each candidate's last dotted part is compared with ``name``'s by
+  ``difflib`` similarity, and also by its initials (``lr`` is close to
+  ``learning_rate``); those at least 0.65 similar are kept, the candidates
+  in ``name``'s own group first.
+  """
+  parent, _, last = name.rpartition(".")
+
+  def score(candidate):
+    group, _, field = candidate.rpartition(".")
+    initials = "".join(w[:1] for w in field.split("_"))
+    sim = max(difflib.SequenceMatcher(None, last, f).ratio() for f in (field, initials))
+    return group == parent, sim
+
+  scored = [(score(c), c) for c in known]
+  return [c for (_, sim), c in sorted((x for x in scored if x[0][1] >= 0.65),
+                                       key=lambda x: x[0], reverse=True)[:n]]
+
+
+def _paths(node, prefix: str = "") -> list[str]:
+  """Every dotted field path of a ConfigDict (groups and their fields)."""
+  out = []
+  for k in node.keys():
+    out.append(prefix + k)
+    if hasattr(node[k], "keys"):
+      out += _paths(node[k], f"{prefix}{k}.")
+  return out
+
+
+def config_field(config, path: str) -> Any:
+  """The value of the dotted field ``path`` of ``config`` (``"rl.learning_rate"``).
+
+  Raises:
+    ConfigError: ``config`` has no such field: the message names it and the
+      closest known fields (:func:`closest`), or else the fields of its group.
+  """
+  node = config
+  parts = path.split(".")
+  for i, part in enumerate(parts):
+    group = ".".join(["config"] + parts[:i])
+    if not hasattr(node, "keys"):
+      raise ConfigError(f"{group} is a value, not a group of fields (no field config.{path})")
+    if part not in node:
+      where = ".".join(parts[:i + 1])
+      near = closest(where, _paths(config))
+      raise ConfigError(f"the config has no field config.{where}; " + (
+          f"closest: {', '.join('config.' + c for c in near)}" if near
+          else f"{group} has: {', '.join(sorted(node.keys()))}"))
+    node = node[part]
+  return node
+
+
+# What to set instead, for a config field whose dataclass's own message names
+# a field of the dataclass that the config does not have.
+_HINTS = {
+    "rollout.temperature": "the train rollout samples; greedy evaluation is config.eval.greedy",
+    "eval.temperature": "config.eval.greedy=True adds a greedy evaluation",
+}
 
 
 def _named(build: Callable[..., Any], fields: dict[str, tuple[str, Any]], **fixed) -> Any:
@@ -155,17 +236,46 @@ def _named(build: Callable[..., Any], fields: dict[str, tuple[str, Any]], **fixe
   ``fields`` maps each argument of ``build`` (a config dataclass) to
   ``(config field, value)``. A ValueError of the dataclass's own checks that
   names one of those arguments (``"RolloutConfig.group_size=0: ..."``) is
-  re-raised naming the config field (``"config.rollout.group_size=0:
-  ..."``); any other error propagates as it is.
+  re-raised as a :class:`ConfigError` naming the config field
+  (``"config.rollout.group_size=0: ..."``), its parenthesised advice
+  replaced by :data:`_HINTS`'s where that names the dataclass's fields;
+  any other error propagates as it is.
   """
   try:
     return build(**{arg: value for arg, (_, value) in fields.items()}, **fixed)
   except ValueError as e:
-    m = re.match(r"\w+\.(\w+)=", str(e))
+    text = str(e)
+    m = re.match(r"\w+\.(\w+)(=?)", text)
     if m is None or m.group(1) not in fields:
       raise
     field, value = fields[m.group(1)]
-    raise _bad(field, value, str(e).partition(": ")[2] or str(e)) from e
+    if m.group(2):  # "Owner.arg=<value>: why"
+      why = text.partition(": ")[2] or text
+    else:  # "Owner.arg uses ...": the rest is the reason
+      why = text[m.end():].strip()
+    if field in _HINTS:
+      why = re.sub(r" \([^()]*\)$", "", why) + f" ({_HINTS[field]})"
+    raise _bad(field, value, why) from e
+
+
+def prompt_config(config) -> rollout.PromptConfig:
+  """The run's PromptConfig (``config.prompt``).
+
+  Raises:
+    ConfigError: PromptConfig's own checks, or a ``chat_template`` that is
+      not one of ``jagent.tokenizers.CHAT_TEMPLATES`` (``""``: the
+      tokenizer's), naming ``config.prompt.<field>``.
+  """
+  p = config.prompt
+  if p.chat_template and p.chat_template not in tokenizers.CHAT_TEMPLATES:
+    raise _bad("prompt.chat_template", p.chat_template,
+               f"unknown; known: {sorted(tokenizers.CHAT_TEMPLATES)} or \"\" (the tokenizer's)")
+  return _named(rollout.PromptConfig, {
+      f: (f"prompt.{f}", p[f]) for f in ("system", "first_turn", "next_turn", "think",
+                                         "max_actions_per_turn")},
+                instructions=p.instructions if p.instructions != "" or
+                "{instructions}" not in p.first_turn else None,
+                chat_template=p.chat_template or None)
 
 
 def rollout_config(config) -> rollout.RolloutConfig:
@@ -208,6 +318,35 @@ def train_config(config, model_config: models.ModelConfig,
                 model=model_config, actor_optimizer=actor, critic_optimizer=critic)
 
 
+def lora_config(config, model_config: models.ModelConfig | None = None
+                ) -> models.LoraConfig | None:
+  """The run's LoRA adapters (``config.lora``), or None when off.
+
+  Off when ``lora.rank`` is 0 (or the block is absent: runs saved before it).
+  With ``model_config``, also checks that its family has every target module.
+
+  Raises:
+    ValueError: a negative or non-int ``lora.rank``, or LoraConfig's own
+      checks (``alpha``, ``dropout``, an unknown or missing module), naming
+      ``config.lora.<field>``.
+  """
+  lo = config.get("lora")
+  if lo is None:
+    return None
+  _require_int("lora.rank", lo.get("rank", 0), 0, "must be an int >= 0 (0: LoRA off)")
+  if lo.rank == 0:
+    return None
+
+  def build(**fields):
+    lc = models.LoraConfig(**fields)
+    if model_config is not None:
+      lc.check_model(model_config)
+    return lc
+
+  return _named(build, {f: (f"lora.{f}", lo.get(f, d)) for f, d in (
+      ("rank", 0), ("alpha", 32.0), ("dropout", 0.0), ("target_modules", "all-linear"))})
+
+
 def eval_rollout_config(config, *, temperature: float | None = None, greedy: bool = False,
                         group_size: int = 1, context_size: int | None = None
                         ) -> rollout.RolloutConfig:
@@ -240,6 +379,178 @@ def filter_config(config) -> losses.FilterConfig:
   return _named(losses.FilterConfig, {
       "mode": ("rl.filter_mode", rl.filter_mode), "value": ("rl.filter_value", rl.filter_value),
       "include_zero": ("rl.include_zero", rl.include_zero)})
+
+
+# Objective arguments the run sets itself, kept out of config.algorithm_kwargs:
+# the run's one filter replaces the objective's (train.iteration_filter).
+_RUN_KWARGS = {"filter_config": "config.rl.filter_mode, config.rl.filter_value and "
+                                "config.rl.include_zero"}
+
+
+def _keyword_defaults(signature: inspect.Signature) -> dict[str, Any]:
+  """The config values of the keywords of ``signature`` that have a default.
+
+  A plain default (bool, int, float, str) as it is; a default of None as a
+  typed ``ml_collections`` placeholder (a flag can set it; null in
+  config.json), or ``{}`` for a dict (of keyword arguments: a flag sets it
+  as a dict literal). Keywords no flag could set (e.g. a Transform) and
+  :data:`_RUN_KWARGS` are left out.
+  """
+  out = {}
+  for name, p in signature.parameters.items():
+    if p.default is inspect.Parameter.empty or name in _RUN_KWARGS:
+      continue
+    if p.default is None:
+      types = [t for t in typing.get_args(p.annotation) if t is not type(None)]
+      kind = (typing.get_origin(types[0]) or types[0]) if len(types) == 1 else None
+      if kind is dict:
+        out[name] = {}
+      elif kind in (bool, int, float, str):
+        out[name] = config_dict.placeholder(kind)
+    elif isinstance(p.default, (bool, int, float, str)):
+      out[name] = p.default
+  return out
+
+
+def _hyperparameters(algorithm: str) -> dict[str, Any]:
+  """:func:`_keyword_defaults` of the objective ``algorithm`` (ConfigError if unknown)."""
+  if algorithm not in transforms.registered():
+    raise _bad("algorithm", algorithm, f"unknown; known: {list(transforms.registered())}")
+  return _keyword_defaults(transforms.signature(algorithm))
+
+
+def config_arg(arg: str | None, default: str) -> tuple[str, str]:
+  """``(env id, algorithm)`` of a config file's argument ``"<env id>,<algorithm>"``.
+
+  The argument is the text after the config file's ``:``
+  (``--config=experiments/configs/tiny.py:FrozenLake-4x4-v0,grpo``); None or
+  ``""`` is ``default``.
+
+  Raises:
+    ConfigError: not two comma-separated names, an unregistered environment
+      or an unknown algorithm, naming the argument and the known names.
+  """
+  text = arg or default
+  parts = text.split(",")
+  where = f"config argument {text!r} (<env id>,<algorithm> after the config file's ':')"
+  if len(parts) != 2 or not all(p.strip() for p in parts):
+    raise ConfigError(f"{where}: expected two names separated by a comma, e.g. {default!r}")
+  env, algorithm = (p.strip() for p in parts)
+  if env not in envs_jax.registered():
+    near = closest(env, sorted(envs_jax.registered()))
+    raise ConfigError(f"{where}: unknown environment {env!r}"
+                      + (f" (closest: {', '.join(near)})" if near else "")
+                      + f"; registered: {', '.join(sorted(envs_jax.registered()))}")
+  if algorithm not in transforms.registered():
+    raise ConfigError(f"{where}: unknown algorithm {algorithm!r}; registered: "
+                      f"{', '.join(transforms.registered())}")
+  return env, algorithm
+
+
+def algorithm_kwargs(algorithm: str, **values) -> ml_collections.ConfigDict:
+  """``config.algorithm_kwargs``: every hyperparameter of the objective, ``values`` set.
+
+  The keywords of ``jagent.transforms.signature(algorithm)`` with their
+  defaults (see :func:`_keyword_defaults`), so that each shows in the
+  written config.json and is a flag
+  (``--config.algorithm_kwargs.entropy_coef=0.01``). StarPO's
+  ``advantage_kwargs`` (the named advantage estimator's own
+  hyperparameters) stays ``{}`` unless set, so that
+  ``--config.algorithm_kwargs.advantage=gigpo`` alone switches the
+  estimator; it is set as a dict
+  (``--config.algorithm_kwargs.advantage_kwargs="{'step_gamma': 0.9}"``).
+  The uncertainty filter is the run's (``config.rl.filter_*``), not here.
+
+  Args:
+    algorithm: a registered objective name (``jagent.transforms.registered()``).
+    **values: hyperparameters that differ from the objective's defaults
+      (``advantage_kwargs``: a dict updating the estimator's defaults).
+
+  Returns:
+    a ConfigDict of plain values and typed placeholders (defaults of None).
+
+  Raises:
+    ConfigError: an unknown algorithm, or a key of ``values`` that is not
+      one of its hyperparameters.
+  """
+  out = _hyperparameters(algorithm)
+  for k, v in values.items():
+    if k not in out:
+      raise _bad(f"algorithm_kwargs.{k}", v, _not_a_hyperparameter(algorithm, k, out))
+    if v is not None or not isinstance(out[k], config_dict.FieldReference):
+      out[k] = v
+  return ml_collections.ConfigDict(out)
+
+
+def _not_a_hyperparameter(algorithm: str, key: str, known) -> str:
+  if key in _RUN_KWARGS:
+    return f"the run sets it: {_RUN_KWARGS[key]}"
+  near = closest(key, list(known))
+  return (f"not a hyperparameter of the objective {algorithm!r}"
+          + (f" (closest: {', '.join(near)})" if near else "")
+          + f"; its hyperparameters: {sorted(known)}")
+
+
+def objective_kwargs(config) -> dict[str, Any]:
+  """``config.algorithm_kwargs`` as ``jagent.transforms.make``'s keyword arguments.
+
+  Configs written before every hyperparameter was listed (a subset of the
+  keys) are valid.
+
+  Raises:
+    ConfigError: a key that is not a hyperparameter of ``config.algorithm``
+      (naming it, the closest and the known ones), an unknown
+      ``advantage``, or an ``advantage_kwargs`` key its advantage does not
+      take.
+  """
+  known = _hyperparameters(config.algorithm)
+  kwargs = config.algorithm_kwargs.to_dict()
+  for k, v in kwargs.items():
+    if k not in known:
+      raise _bad(f"algorithm_kwargs.{k}", v,
+                 _not_a_hyperparameter(config.algorithm, k, known)
+                 + " (a config file fills algorithm_kwargs for the algorithm of its argument: "
+                 "choose it there, --config=<file>:<env id>,<algorithm>)")
+  advantage = kwargs.get("advantage", known.get("advantage"))
+  if "advantage" in known and isinstance(advantage, str):
+    if advantage not in transforms.ADVANTAGE_ESTIMATORS:
+      raise _bad("algorithm_kwargs.advantage", advantage,
+                 f"unknown; known: {sorted(transforms.ADVANTAGE_ESTIMATORS)}")
+    own = inspect.signature(transforms.ADVANTAGE_ESTIMATORS[advantage]).parameters
+    for k, v in (kwargs.get("advantage_kwargs") or {}).items():
+      if k not in own:
+        raise _bad(f"algorithm_kwargs.advantage_kwargs.{k}", v,
+                   f"not a hyperparameter of the advantage {advantage!r}; its "
+                   f"hyperparameters: {sorted(own)}")
+  return kwargs
+
+
+def objective(config) -> transforms.Objective:
+  """``transforms.make(config.algorithm, **objective_kwargs(config))`` (no compile).
+
+  Raises:
+    ConfigError: from :func:`objective_kwargs`, or the objective's own checks
+      (e.g. ``entropy_coef=-1``) naming the ``config.algorithm_kwargs`` field
+      to blame: each set key whose default instead makes the objective build.
+  """
+  kwargs = objective_kwargs(config)
+  try:
+    return transforms.make(config.algorithm, **kwargs)
+  except ValueError as e:
+    params = transforms.signature(config.algorithm).parameters
+
+    def builds(k):
+      try:
+        transforms.make(config.algorithm, **{**kwargs, k: params[k].default})
+        return True
+      except (TypeError, ValueError):
+        return False
+
+    blamed = [k for k, v in kwargs.items() if v != params[k].default and builds(k)]
+    if not blamed:
+      raise ConfigError(f"config.algorithm_kwargs of {config.algorithm!r}: {e}") from e
+    raise ConfigError(", ".join(f"config.algorithm_kwargs.{k}={kwargs[k]!r}" for k in blamed)
+                      + f": {e}") from e
 
 
 # The Echo Trap early warning (collapse_alert): a metric and its floor in
@@ -340,14 +651,17 @@ def _validate_diagnostics(config) -> None:
 
 
 def validate(config, num_devices: int | None = None) -> None:
-  """Checks a train/eval config; raises ValueError naming the first bad field.
+  """Checks a train/eval config; raises ConfigError naming the first bad field.
 
   Builds the run's config dataclasses (RolloutConfig, OptimizerConfig,
-  TrainConfig, ...) and re-raises their own checks' errors naming the config
-  field (e.g. ``config.rl.learning_rate``), then checks what spans fields
-  (rows per minibatch, SFT batch, evaluation chunks, the mesh). Reads no
-  model directory. ``num_devices`` is the device count ``config.mesh`` must
-  use (default ``jax.device_count()``: every process's devices).
+  TrainConfig, PromptConfig, ...) and the objective, and re-raises their
+  own checks' errors naming the config field (e.g.
+  ``config.rl.learning_rate``, ``config.algorithm_kwargs.entropy_coef``),
+  then checks what spans fields (a group-relative objective's group size,
+  rows per minibatch, SFT batch, evaluation chunks, the mesh). Reads no
+  model directory and compiles nothing. ``num_devices`` is the device count
+  ``config.mesh`` must use (default ``jax.device_count()``: every process's
+  devices).
   """
   if config.env not in envs_jax.registered():
     raise _bad("env", config.env, f"not a registered environment; known: "
@@ -361,7 +675,17 @@ def validate(config, num_devices: int | None = None) -> None:
                "(pass --config.model_dir=<a Hugging Face model directory>)")
   if config.model not in models.config_names() and not config.model_dir:
     raise _bad("model", config.model, f"unknown; known: {models.config_names()}")
+  prompt_config(config)
   r = rollout_config(config)
+  # Group-relative advantages (GRPO, RLOO, GiGPO, ...) are all 0 with one
+  # rollout a group: such a run would train nothing.
+  if objective(config).needs.groups and r.group_size < 2:
+    raise _bad("rollout.group_size", r.group_size,
+               f"the objective {config.algorithm!r} compares the rollouts of a group, so with "
+               "one rollout a group every advantage is 0 and nothing is learned; set "
+               "config.rollout.group_size >= 2")
+  for field in ("rl.steps", "sft.steps", "eval.every", "eval.samples"):
+    _require_int(field, config_field(config, field), 0, "must be an int >= 0")
   fc = filter_config(config)
   if config.rl.critic not in train.CRITIC_KINDS:
     raise _bad("rl.critic", config.rl.critic, f"unknown; known: {train.CRITIC_KINDS}")
@@ -404,6 +728,7 @@ def validate(config, num_devices: int | None = None) -> None:
                f"must be in [1, prompt.max_actions_per_turn="
                f"{config.prompt.max_actions_per_turn}]")
   eval_rollout_config(config)  # eval.num_groups, eval.temperature
+  lora_config(config, None if config.model_dir else models.get_config(config.model))
   _validate_diagnostics(config)
   _require_int("checkpoint.every", config.checkpoint.every, 0,
                "must be an int >= 0 (0: a checkpoint after SFT and after the last step only)")
@@ -497,13 +822,7 @@ class Experiment:
     self.tokenizer = (tokenizers.load_tiny_tokenizer() if c.tokenizer == "tiny"
                       else tokenizers.HFTokenizer(c.tokenizer or c.model_dir))
     self.env, self.env_params = envs_jax.make(c.env)
-    p = c.prompt
-    self.prompt = _named(rollout.PromptConfig, {
-        f: (f"prompt.{f}", p[f]) for f in ("system", "first_turn", "next_turn", "think",
-                                           "max_actions_per_turn")},
-                         instructions=p.instructions if p.instructions != "" or
-                         "{instructions}" not in p.first_turn else None,
-                         chat_template=p.chat_template or None)
+    self.prompt = prompt_config(c)
     self.text_env = rollout.TextEnv(self.env, self.tokenizer, self.prompt,
                                     env_params=self.env_params)
     if c.model_dir:
@@ -512,6 +831,7 @@ class Experiment:
       self.model_config = models.get_config(c.model)
     if c.get("remat", False):  # absent in runs saved before the field
       self.model_config = self.model_config.replace(remat=True)
+    self.lora_config = lora_config(c, self.model_config)  # None: LoRA off
     r = c.rollout
     self.rollout_config = rollout_config(c)
     self.context_size = rollout.context_size(self.text_env, self.rollout_config)
@@ -523,7 +843,7 @@ class Experiment:
     # objective kept is the one that runs on the compacted rows (its filter
     # stage rebuilt so the filter applies once), as train.rl_iteration does.
     self.filter_config, self.objective = train.iteration_filter(
-        transforms.make(c.algorithm, **dict(c.algorithm_kwargs)), filter_config(c))
+        objective(c), filter_config(c))
     self.num_keep = (train.num_kept_groups(r.num_groups, self.filter_config)
                      if self.filter_config.fixed_count else r.num_groups)
     self.needs = self.objective.needs
@@ -608,14 +928,28 @@ class Experiment:
   def init_params(self):
     """Initial policy parameters (random, or the Hugging Face checkpoint).
 
-    Each array is created (or loaded) straight onto its mesh sharding.
+    Each array is created (or loaded) straight onto its mesh sharding. With
+    ``config.lora`` on: a ``models.LoraParams`` of that base and fresh
+    adapters (B zero: the base's logits).
     """
     c = self.config
     shardings = self.param_shardings()
     if c.model_dir:
-      return models.load_hf_checkpoint(c.model_dir, shardings=shardings)[0]
-    return jax.block_until_ready(jax.jit(lambda k: models.init(self.model_config, k),
-                                         out_shardings=shardings)(jax.random.key(c.seed)))
+      base = models.load_hf_checkpoint(c.model_dir, shardings=shardings)[0]
+    else:
+      base = jax.block_until_ready(jax.jit(lambda k: models.init(self.model_config, k),
+                                           out_shardings=shardings)(jax.random.key(c.seed)))
+    return self._with_lora(base)
+
+  def _with_lora(self, base):
+    """``base`` with the run's fresh LoRA adapters on their shardings (``base`` when off)."""
+    if self.lora_config is None:
+      return base
+    key = jax.random.fold_in(jax.random.key(self.config.seed), 4)
+    make = lambda: models.init_lora(None, self.model_config, self.lora_config, key)  # noqa: E731
+    adapters = jax.jit(make, out_shardings=sharding.param_shardings(
+        jax.eval_shape(make), self.mesh))()
+    return adapters.replace(base=base)
 
   # ----------------------------------------------------------------------- SFT
   def demonstrations(self):
@@ -687,7 +1021,7 @@ class Experiment:
     indices = self.sft_batch_indices(demos.row_valid)
     success = float(np.mean(demos.success))
     step_fn = shared_program(
-        ("sft_step", self.signature(("model", "model_dir", "sft")), self._devices_key),
+        ("sft_step", self.signature(SFT_FIELDS), self._devices_key),
         lambda: sharding.shard_sft_step(tc, self.mesh,
                                         sharding.train_state_shardings(state, self.mesh)))
     tokens, loss_mask = np.asarray(batch_all.tokens), np.asarray(batch_all.loss_mask)
@@ -723,8 +1057,20 @@ class Experiment:
     onto this run's.
     """
     abstract = jax.eval_shape(
-        lambda k: self.rl_state(models.init(self.model_config, k)), jax.random.key(0))
-    return sharding.train_state_target(abstract, self.mesh)
+        lambda k: self.rl_state(self._with_lora(models.init(self.model_config, k))),
+        jax.random.key(0))
+    target = sharding.train_state_target(abstract, self.mesh)
+    if self.lora_config is None:
+      return target
+    # LoRA: checkpoints hold no base; the target carries the reloaded one
+    # (a copy for each further LoRA trunk: a donated state holds each buffer once).
+    target, frozen = models.split_frozen(target)
+    base = self.init_params().base
+    real, seen = [], False
+    for f in frozen:  # the policy's base comes first (TrainState.params)
+      real.append(None if f is None else jax.tree.map(jnp.copy, base) if seen else base)
+      seen = seen or f is not None
+    return models.join_frozen(target, real)
 
   def rl_key(self, step: int) -> jax.Array:
     """The rollout key of RL step ``step`` (0-based)."""
@@ -927,8 +1273,19 @@ class Experiment:
   def export(self, workdir: str, params) -> None:
     """Writes the policy as a Hugging Face directory ``<workdir>/policy``.
 
-    Every process gathers the parameters and process 0 writes.
+    Weights, config and the tokenizer files with the prompt's chat template
+    (``jagent.train.export_policy``): ``transformers``' ``AutoTokenizer`` and
+    ``AutoModelForCausalLM`` load it. A LoRA policy is written merged there,
+    and its adapters alone as a PEFT adapter directory
+    ``<workdir>/policy_adapter``. Every process gathers the parameters and
+    process 0 writes.
     """
     params = sharding.to_host(params)
     if self.is_primary:
-      train.export_policy(params, self.model_config, os.path.join(workdir, "policy"))
+      train.export_policy(params, self.model_config, os.path.join(workdir, "policy"),
+                          tokenizer=self.tokenizer, chat_template=self.config.prompt.chat_template
+                          or None)
+      if isinstance(params, models.LoraParams):  # also the adapters alone, for PEFT
+        models.save_peft_adapter(params, self.model_config,
+                                 os.path.join(workdir, "policy_adapter"),
+                                 base_model_name_or_path=self.config.model_dir or None)

@@ -22,9 +22,9 @@ import ast
 import json
 import os
 
-from absl import app
 from absl import flags
 
+from experiments import cli
 from experiments import common
 from experiments import train as train_job
 from experiments.configs import tiny
@@ -45,7 +45,8 @@ def apply_overrides(config, env: str, overrides: list[str]):
   or ``"<env>,<algorithm>"``.
 
   Raises:
-    ValueError: an override without ``=``, or a field the config lacks.
+    ValueError: an override without ``=``.
+    ConfigError: a field the config lacks (naming the closest ones).
   """
   for item in overrides:
     target, sep, value = item.partition("=")
@@ -54,15 +55,12 @@ def apply_overrides(config, env: str, overrides: list[str]):
     scope, colon, field = target.rpartition(":")
     if colon and scope not in (env, config.algorithm, f"{env},{config.algorithm}"):
       continue
-    node = config
-    *parents, name = field.split(".")
-    for p in parents:
-      if p not in node:
-        raise ValueError(f"--set={item!r}: the config has no field {field!r}")
-      node = node[p]
-    if name not in node:
-      raise ValueError(f"--set={item!r}: the config has no field {field!r}")
-    node[name] = _parse_value(value)
+    try:
+      common.config_field(config, field)
+    except common.ConfigError as e:
+      raise common.ConfigError(f"--set={item!r}: {e}") from None
+    group, _, name = field.rpartition(".")
+    (common.config_field(config, group) if group else config)[name] = _parse_value(value)
   return config
 
 
@@ -118,4 +116,4 @@ def main(argv):
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  cli.run(main)

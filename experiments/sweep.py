@@ -49,15 +49,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import pathlib
 import time
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments import cli
 from experiments import common
 from jagent import train
 from jagent import transforms
@@ -89,11 +88,10 @@ def parse_sweep(spec: str | None, config) -> tuple[str | None, tuple[float, ...]
   if not sep or not text.strip():
     raise ValueError(f"--sweep={spec!r}: expected <field>=<v1>,<v2>,... "
                      f"(e.g. rl.learning_rate=1e-4,3e-4)")
-  node = config
-  for part in field.split("."):
-    if not hasattr(node, "keys") or part not in node:
-      raise ValueError(f"--sweep={spec!r}: the config has no field {field!r}")
-    node = node[part]
+  try:
+    common.config_field(config, field)
+  except common.ConfigError as e:
+    raise common.ConfigError(f"--sweep={spec!r}: {e}") from None
   if field not in SWEEPABLE:
     raise ValueError(
         f"--sweep={spec!r}: {field!r} cannot be vmapped: it changes shapes or static "
@@ -225,7 +223,7 @@ def sft_program(exp: common.Experiment, field: str | None, batching: str = "vmap
     state, metrics = jax.lax.scan(body, state, indices)
     return state.params, metrics
 
-  key = ("sweep_sft", exp.signature(("model", "model_dir", "sft")), traced, batching)
+  key = ("sweep_sft", exp.signature(common.SFT_FIELDS), traced, batching)
   return common.shared_program(key, lambda: jax.jit(over_runs(one, batching, (0,) * 5)))
 
 
@@ -404,10 +402,7 @@ def _define_flags():
   """Defines this program's flags (only when run as a program: importing the
   module must not clash with other modules' flags, e.g. experiments.train's
   ``--config`` and ``--workdir``)."""
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  config_flags.DEFINE_config_file(
-      "config", str(pathlib.Path(__file__).parent / "configs" / "tiny.py"),
-      "An ml_collections config file (experiments/configs/*.py[:arg]).")
+  cli.define_config_flag()
   flags.DEFINE_string(
       "workdir", os.path.join(os.path.expanduser("~"), "jagent_runs", "sweep"),
       "Output directory (sweep_summary.json).")
@@ -432,4 +427,4 @@ def main(argv):
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  cli.run(main)

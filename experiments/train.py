@@ -51,24 +51,19 @@ from __future__ import annotations
 import json
 import math
 import os
-import pathlib
 import time
 
-from absl import app
 from absl import flags
 from absl import logging
 import jax
 import tqdm
-from ml_collections import config_flags
 
+from experiments import cli
 from experiments import common
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", str(pathlib.Path(__file__).parent / "configs" / "tiny.py"),
-    "An ml_collections config file (experiments/configs/*.py[:arg]).")
+_CONFIG = cli.define_config_flag()  # a bad --config ends the program with one line
 _WORKDIR = flags.DEFINE_string(
-    "workdir", os.path.join(os.path.expanduser("~"), "jagent_runs", "default"),
-    "Output directory; an existing run there resumes.")
+    "workdir", common.DEFAULT_WORKDIR, "Output directory; an existing run there resumes.")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False,
     "Call jax.distributed.initialize before anything else (multi-process runs). Without "
@@ -443,4 +438,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

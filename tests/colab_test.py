@@ -16,6 +16,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import tomllib
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -41,15 +42,20 @@ def percent_cells(text: str) -> list[tuple[str, str]]:
   return cells
 
 
+# nbformat 4.5's cell id: 1-64 letters, digits, "-" or "_", unique in the notebook.
+CELL_ID = re.compile(r"^[a-zA-Z0-9-_]{1,64}$")
+
+
 def notebook_json(cells: list[tuple[str, str]]) -> dict:
-  """An nbformat 4 notebook with these cells and no outputs."""
-  def cell(kind, source):
-    out = {"cell_type": kind, "metadata": {}, "source": source.splitlines(keepends=True)}
+  """An nbformat 4.5 notebook with these cells (ids ``cell-<i>``) and no outputs."""
+  def cell(i, kind, source):
+    out = {"cell_type": kind, "id": f"cell-{i}", "metadata": {},
+           "source": source.splitlines(keepends=True)}
     if kind == "code":
       out.update(execution_count=None, outputs=[])
     return out
   return {
-      "cells": [cell(k, s) for k, s in cells],
+      "cells": [cell(i, k, s) for i, (k, s) in enumerate(cells)],
       "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python",
                                   "name": "python3"},
                    "language_info": {"name": "python"}},
@@ -71,9 +77,27 @@ class ColabTest(parameterized.TestCase):
     if os.environ.get("JAGENT_WRITE_NOTEBOOKS") == "1":
       path.write_text(json.dumps(notebook_json(want), indent=1, ensure_ascii=False) + "\n")
     self.assertTrue(path.exists(), f"{path} is missing; see this module's docstring")
-    got = [(c["cell_type"], "".join(c["source"]))
-           for c in json.loads(path.read_text())["cells"]]
+    notebook = json.loads(path.read_text())
+    got = [(c["cell_type"], "".join(c["source"])) for c in notebook["cells"]]
     self.assertEqual(got, want, f"{path.name} differs from {name}.py; regenerate it")
+    # Cell ids (nbformat >= 4.5; without them nbformat warns MissingIDFieldWarning
+    # and Jupyter rewrites the file on open).
+    self.assertEqual(notebook, notebook_json(want), f"regenerate {path.name}")
+    ids = [c.get("id") for c in notebook["cells"]]
+    self.assertTrue(all(i is not None and CELL_ID.match(i) for i in ids), ids)
+    self.assertLen(set(ids), len(ids))
+    self.assertGreaterEqual((notebook["nbformat"], notebook["nbformat_minor"]), (4, 5))
+
+  @parameterized.named_parameters(*[(t, t) for t in TWINS])
+  def test_install_cell_says_how(self, name):
+    # No placeholder a user cannot run; a wheel or a clone, and how to build the wheel.
+    install = percent_cells((COLAB / f"{name}.py").read_text())[1][1]
+    self.assertNotIn("<URL", install)
+    self.assertIn("pip wheel --no-deps -w dist .", install)
+    with open(COLAB.parent / "pyproject.toml", "rb") as f:
+      version = tomllib.load(f)["project"]["version"]
+    self.assertIn(f"!pip install -q /content/jagent-{version}-py3-none-any.whl", install)
+    self.assertIn("!pip install -q -e /content/jagent", install)
 
   @parameterized.named_parameters(*[(t, t) for t in TWINS])
   def test_twin_runs(self, name):

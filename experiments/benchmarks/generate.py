@@ -10,7 +10,8 @@ For the ``tiny`` and ``small-10m`` configs (random weights, float32):
 - ``hf``: the same weights exported with ``save_hf_checkpoint`` and loaded by
   ``transformers.Qwen2ForCausalLM`` (its default attention), timed
   ``model.generate(do_sample=True, min_new_tokens=max_new_tokens)`` with torch
-  using every core (needs the ``hf`` extra; skipped when absent);
+  using every core (needs the ``hf`` extra: ``pip install -e .[hf]``; without
+  it the column stays empty and a line above the table says why);
 - ``decode_ms``: one decode step (batch ``--batch``, cache of prompt + new
   slots, filled from the prompt on, one token per row and step, picked by the
   library's greedy sampler) timed inside a jitted ``fori_loop``;
@@ -39,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.benchmarks import peers
 from experiments.benchmarks import roofline
 from experiments.benchmarks import timing
 from jagent import models
@@ -98,13 +100,17 @@ def decode_step_seconds(params, config, batch, prompt, new, repeats):
   return max(t_long - t_short, 1e-9) / (steps[1] - steps[0])
 
 
+def hf_missing(enabled: bool = True) -> str | None:
+  """Why the ``hf`` column stays empty: ``--nohf``, or :func:`peers.missing` torch/transformers."""
+  if not enabled:
+    return "--nohf was given"
+  return peers.missing(("torch", "transformers"), "hf")
+
+
 def hf_generate(params, config, prompt, new):
-  """A warmed-up call of transformers' generate with the same weights, or None."""
-  try:
-    import torch  # pylint: disable=g-import-not-at-top
-    import transformers  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return None
+  """A warmed-up call of transformers' generate with the same weights (see :func:`hf_missing`)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(os.cpu_count() or 1)
   with tempfile.TemporaryDirectory() as tmp:
     models.save_hf_checkpoint(params, config, tmp)
@@ -132,6 +138,9 @@ def main(argv):
   header = (f"{'config':>10} {'params':>8} {'ours tok/s':>11} {'hf tok/s':>9} {'ratio':>6} "
             f"{'decode ms':>9} {'roofline ms':>11} {'x roof':>6} {'compute ms':>10} "
             f"{'x max':>6}")
+  skipped = hf_missing(_HF.value)
+  if skipped:
+    print(f"hf column empty: {skipped}")
   print(header)
   rows = []
   for name in _CONFIGS.value:
@@ -139,7 +148,7 @@ def main(argv):
     params = models.init(config, jax.random.key(0))
     prompt = jax.random.randint(jax.random.key(1), (b, p), 3, config.vocab_size)
     fns = {"ours": (ours(params, config, prompt, n), jax.block_until_ready)}
-    hf_run = hf_generate(params, config, prompt, n) if _HF.value else None
+    hf_run = None if skipped else hf_generate(params, config, prompt, n)
     if hf_run is not None:
       fns["hf"] = (hf_run, lambda _: None)
     best = {k: min(v) for k, v in timing.interleaved_seconds(fns, _REPEATS.value).items()}
@@ -155,6 +164,7 @@ def main(argv):
                ours_tokens_per_s=round(ours_tps, 1),
                hf_tokens_per_s=None if hf_tps is None else round(hf_tps, 1),
                ratio=None if hf_tps is None else round(ours_tps / hf_tps, 2),
+               hf_skipped=skipped,
                decode_step_ms=round(step * 1e3, 3), roofline_ms=round(roof * 1e3, 3),
                times_roofline=round(step / roof, 2), weight_mb=round(weight_bytes / 1e6, 2),
                kv_mb=round(kv_bytes / 1e6, 2), copy_gb_per_s=round(bw / 1e9, 2),

@@ -8,10 +8,14 @@ whether to skip.
 
 from __future__ import annotations
 
+import importlib.util
+from typing import Sequence
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs_jax._src import rubiks_cube
 from envs_jax._src import sokoban
 
 try:
@@ -20,8 +24,31 @@ try:
   from jumanji.environments.routing.sokoban import env as jenv_lib  # pylint: disable=g-import-not-at-top
   from jumanji.environments.routing.sokoban import generator as jgen  # pylint: disable=g-import-not-at-top
   from jumanji.environments.routing.sokoban import types as jtypes  # pylint: disable=g-import-not-at-top
+  from jumanji.environments.logic.game_2048 import env as j2048_lib  # pylint: disable=g-import-not-at-top
+  from jumanji.environments.logic.rubiks_cube import env as jcube_lib  # pylint: disable=g-import-not-at-top
+  from jumanji.environments.logic.rubiks_cube import generator as jcube_gen  # pylint: disable=g-import-not-at-top
 except ImportError:  # pragma: no cover
   jumanji = None
+
+
+
+def missing(modules: Sequence[str], extra: str) -> str | None:
+  """Why a peer cannot run: its modules that are not installed, and the extra that installs them.
+
+  Args:
+    modules: the peer's top-level module names (e.g. ``("torch", "transformers")``).
+    extra: the pyproject extra that installs them (e.g. ``"hf"``).
+
+  Returns:
+    E.g. ``"torch is not installed: pip install -e .[hf]"``, or None when
+    every module is importable.
+  """
+  absent = [m for m in modules if importlib.util.find_spec(m) is None]
+  if not absent:
+    return None
+  verb = "is" if len(absent) == 1 else "are"
+  return f"{' and '.join(absent)} {verb} not installed: pip install -e .[{extra}]"
+
 
 # Our action a -> Jumanji's action with the same move.
 ACTION_TO_JUMANJI = np.asarray([0, 2, 3, 1], np.int32)  # Up, Down, Left, Right
@@ -82,6 +109,50 @@ def make_jumanji_boxoban(subset: str = "unfiltered-test", time_limit: int = 120)
 
 
 HAVE_JUMANJI = jumanji is not None
+
+# The 2x2 cube. Both read each face in the same net (U with Back at the top,
+# D with Front at the top, side faces with Up at the top, each seen from
+# outside), so stickers map face to face in place; only the face order differs.
+# Our face f (Up, Left, Front, Right, Back, Down) -> Jumanji's face index
+# (UP 0, FRONT 1, RIGHT 2, BACK 3, LEFT 4, DOWN 5).
+CUBE_FACE_TO_JUMANJI = np.asarray([0, 4, 1, 2, 3, 5], np.int32)
+# Our action a (U U' D D' L L' R R' F F' B B') -> Jumanji's flat action for
+# cube_size 2 (face * 3 + amount; amount 0 clockwise, 1 anticlockwise, both
+# seen looking at the face, as ours).
+CUBE_ACTION_TO_JUMANJI = np.asarray(
+    [3 * CUBE_FACE_TO_JUMANJI[rubiks_cube.FACES.index(face)] + amount
+     for face in ("Up", "Down", "Left", "Right", "Front", "Back") for amount in (0, 1)],
+    np.int32)
+
+
+def cube_to_jumanji(stickers: jax.Array) -> jax.Array:
+  """Our int [24] stickers as Jumanji's [6, 2, 2] cube (values kept)."""
+  faces = jnp.reshape(stickers, (6, 2, 2))
+  return jnp.zeros_like(faces).at[jnp.asarray(CUBE_FACE_TO_JUMANJI)].set(faces)
+
+
+def make_jumanji_game_2048():
+  """Jumanji's ``Game2048`` (4x4; board of exponents, actions Up, Right, Down, Left).
+
+  Raises:
+    ImportError: when jumanji is not installed.
+  """
+  if jumanji is None:
+    raise ImportError("make_jumanji_game_2048 needs jumanji (pip install jumanji)")
+  return j2048_lib.Game2048(board_size=4)
+
+
+def make_jumanji_rubiks_cube(scramble_depth: int = rubiks_cube.SCRAMBLE_DEPTH,
+                             time_limit: int = rubiks_cube.MAX_STEPS):
+  """Jumanji's ``RubiksCube`` with ``cube_size=2`` and our scramble depth and limit.
+
+  Raises:
+    ImportError: when jumanji is not installed.
+  """
+  if jumanji is None:
+    raise ImportError("make_jumanji_rubiks_cube needs jumanji (pip install jumanji)")
+  gen = jcube_gen.ScramblingGenerator(cube_size=2, num_scrambles_on_reset=scramble_depth)
+  return jcube_lib.RubiksCube(generator=gen, time_limit=time_limit)
 
 
 def gymnasium_frozen_lake():

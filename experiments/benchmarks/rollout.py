@@ -61,8 +61,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import resource
-import sys
 import time
 from typing import Any, Callable
 
@@ -98,12 +96,6 @@ _RL_STEP = flags.DEFINE_bool(
     "experiments/configs/tiny.py) for each on-device row's history_turns.")
 
 GOAL = 3.0  # issue 5: the on-device rollout is >= 3x the RAGEN-style host loop
-
-
-def peak_rss_mb() -> float:
-  """Peak resident set size of this process so far, in MiB (Linux: KiB units)."""
-  kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  return kib / (1024.0 * 1024.0) if sys.platform == "darwin" else kib / 1024.0
 
 
 def compiled_memory(compiled: Any) -> dict[str, int] | None:
@@ -164,7 +156,7 @@ def warm_up(name: str, fn: Callable[[], Any], extra_seconds: float = 0.0) -> dic
     row["env_turns"] = int(np.sum(np.asarray(out.num_turns)))
     row["tokens"] = int(np.sum(np.asarray(out.loss_mask)))
     row["mean_reply"] = row["tokens"] / max(row["env_turns"], 1)
-  row["peak_rss_mb"] = peak_rss_mb()
+  row["peak_rss_mb"] = timing.peak_rss_mb()
   return row
 
 
@@ -216,35 +208,6 @@ def sampler_only(params, model_config, text_env, config, s_max):
   return lambda key: run(params, key)
 
 
-def rl_step_config(model: str, env_id: str, num_groups: int, group_size: int, max_turns: int,
-                   max_tokens_per_turn: int, history_turns: int, seed: int = 0):
-  """The main job's config (``tiny.py:<env_id>,starpo_s``) at these sizes.
-
-  No SFT (random weights) and no collapse diagnostics (``diagnostics.every =
-  0``: they run on a few logged steps only, and the benchmark times step 0).
-
-  Args:
-    model: a ``jagent.models`` config name (random weights).
-    env_id: a registered env id.
-    num_groups, group_size, max_turns, max_tokens_per_turn: the rollout's
-      (``config.rollout.*``).
-    history_turns: ``config.rollout.history_turns`` (-1: full history).
-    seed: ``config.seed``.
-
-  Returns:
-    An ``ml_collections.ConfigDict`` for :class:`experiments.common.Experiment`.
-  """
-  from experiments.configs import tiny  # pylint: disable=g-import-not-at-top
-  c = tiny.get_config(f"{env_id},starpo_s")
-  c.model = model
-  c.seed = seed
-  c.rollout.update(dict(num_groups=num_groups, group_size=group_size, max_turns=max_turns,
-                        max_tokens_per_turn=max_tokens_per_turn, history_turns=history_turns))
-  c.sft.steps = 0
-  c.diagnostics.every = 0
-  return c
-
-
 def rl_stepper(config) -> tuple[Callable[[], dict[str, float]], Any]:
   """``(step, experiment)``: ``step()`` runs one RL step of ``config`` in place.
 
@@ -271,7 +234,8 @@ def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: in
   """Builds the model, env and rollouts, times every row; returns the results.
 
   ``history_turns``: k >= 0 of the extra bounded-history on-device rows.
-  ``with_rl_step``: also time one RL step (:func:`rl_step_config`) for each
+  ``with_rl_step``: also time one RL step (``configs/tiny.py``'s
+  ``benchmark_config``) for each
   on-device row's k (-1 and ``history_turns``), in the same rounds.
 
   Raises:
@@ -295,9 +259,10 @@ def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: in
   rl_configs = {}
   if with_rl_step:
     from experiments import common  # pylint: disable=g-import-not-at-top
+    from experiments.configs import tiny  # pylint: disable=g-import-not-at-top
     for k in [-1, *history_turns]:
-      rl_configs[k] = rl_step_config(model, env_id, num_groups, group_size, max_turns,
-                                     max_tokens_per_turn, k, seed)
+      rl_configs[k] = tiny.benchmark_config(env_id, "starpo_s", model, num_groups, group_size,
+                                            max_turns, max_tokens_per_turn, k, seed)
       common.validate(rl_configs[k])  # a bad config fails here, naming its field
   env, env_params = envs_jax.make(env_id)
   tok = tokenizers.load_tiny_tokenizer()

@@ -1,7 +1,9 @@
-"""Shared timing helper for the benchmarks under experiments/benchmarks/."""
+"""Shared timing and memory helpers for the benchmarks under experiments/benchmarks/."""
 
 from __future__ import annotations
 
+import resource
+import sys
 import time
 from typing import Any, Callable, Mapping
 
@@ -66,3 +68,9 @@ def interleaved_seconds(
       sync(fn())
       secs[name].append(time.perf_counter() - t0)
   return secs
+
+
+def peak_rss_mb() -> float:
+  """Peak resident set size of this process so far, in MiB (Linux: KiB units)."""
+  kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return kib / (1024.0 * 1024.0) if sys.platform == "darwin" else kib / 1024.0

@@ -5,7 +5,11 @@ r"""RAGEN-scale configs for accelerators: RAGEN v1's protocol and hyperparameter
         --config.model_dir=/path/to/Qwen2.5-0.5B-Instruct --workdir=/tmp/ragen_sokoban
 
 The argument after ``:`` is ``<env id>,<algorithm>`` as in
-``experiments/configs/tiny.py`` (whose fields this config overrides). The model
+``experiments/configs/tiny.py`` (whose fields this config overrides), with an
+optional ``,lora`` for the LoRA variant: rank 64, alpha 64, all-linear
+adapters on the frozen model (and on the critic's copy), at an actor lr of
+1e-5 (not tuned here: LoRA is commonly run at about 10x the full
+fine-tuning rate). The model
 and tokenizer come from a Hugging Face directory (``config.model_dir``; nothing
 downloads at run time). Values from the RAGEN v1 paper (Wang et al., arXiv
 2504.20073) and its training setup: an instruct model trained from the start
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from experiments import common
 from experiments.configs import tiny
 from jagent import losses
 from jagent import rollout
@@ -32,10 +37,14 @@ _RAGEN_PROMPT = rollout.PromptConfig()  # its defaults are RAGEN's turn texts
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The RAGEN-scale config of ``"<env id>,<algorithm>"``."""
-  c = tiny.get_config(arg)
+  parts = (arg or "Sokoban-6x6-1box-v0,starpo_s").split(",")
+  lora = parts[2:] == ["lora"]
+  if parts[2:] and not lora:
+    raise ValueError(f"ragen config {arg!r}: the third part may only be 'lora'")
+  c = tiny.get_config(",".join(parts[:2]))
   # The objectives' own defaults are RAGEN's (StarPO-S: GAE critic, filter,
   # clip-higher, entropy 0.001; PPO: GAE critic; GRPO: group advantages).
-  c.algorithm_kwargs = ml_collections.ConfigDict({})
+  c.algorithm_kwargs = common.algorithm_kwargs(c.algorithm)
   c.model = "qwen2.5-0.5b"  # the architecture; weights from model_dir
   c.model_dir = ""  # REQUIRED: a Hugging Face directory (Qwen2.5-0.5B-Instruct)
   c.tokenizer = ""  # the model_dir's tokenizer.json and chat template
@@ -68,6 +77,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # RAGEN-2's rollout_filter_empty_stop_steps default: stop after 5 steps
       # in a row whose filter kept no group.
       empty_stop_steps=5))
+  if lora:
+    c.lora.update(dict(rank=64, alpha=64.0, dropout=0.0, target_modules="all-linear"))
+    c.rl.learning_rate = 1e-5
   c.eval.update(dict(num_levels=256, seed=123, every=10, num_groups=64))
   c.checkpoint.update(dict(every=10, keep=3))
   # RAGEN-2's collapse detection every 5 steps (its compute_freq); Z is the

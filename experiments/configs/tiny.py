@@ -19,11 +19,12 @@ from __future__ import annotations
 import ml_collections
 
 import envs_jax
+from experiments import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The config of ``"<env id>,<algorithm>"`` (see the module docstring)."""
-  env, algorithm = (arg or "Sokoban-6x6-1box-v0,starpo_s").split(",")
+  env, algorithm = common.config_arg(arg, "Sokoban-6x6-1box-v0,starpo_s")
   # Each game's own episode budgets and system message (Environment.agent_defaults),
   # read without building its params: nothing here may start a JAX backend
   # before a multi-host run's jax.distributed.initialize.
@@ -39,10 +40,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Each trajectory weighs the same in the loss (seq-mean-token-mean): with
   # token-mean, failed episodes (all turns played) outweigh solved ones
   # (fewer turns). Measurements: docs/results.md, "Tuning notes of the tiny config".
-  c.algorithm_kwargs = ml_collections.ConfigDict(
+  # Every other hyperparameter at the objective's default, each a flag
+  # (--config.algorithm_kwargs.entropy_coef=0.01) and in config.json.
+  c.algorithm_kwargs = common.algorithm_kwargs(algorithm, **(
       {"kl_coef": 0.0, "advantage": "grpo", "aggregation": "seq-mean-token-mean"}
       if algorithm in ("starpo", "starpo_s")
-      else {"kl_coef": 0.0} if algorithm not in ("reinforce_pp",) else {})
+      else {"kl_coef": 0.0} if algorithm not in ("reinforce_pp",) else {}))
   c.seed = 0
   # ~0.28M parameters (d64, 4 layers): "nano" (2 layers) never left uniform
   # actions in SFT on Sokoban; "tiny" (0.65M) is ~2x slower per step.
@@ -52,6 +55,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Rematerialize each decoder block in the backward pass (ModelConfig.remat):
   # less activation memory for ~1 more forward of compute; off for tiny models.
   c.remat = False
+  # LoRA adapters (jagent.models.LoraConfig) on a frozen base; rank 0: off
+  # (every weight trains). target_modules: "all-linear" or names from q, k, v,
+  # o, gate, up, down ("q,v"). Only the adapters and their Adam moments are
+  # trained and checkpointed; the base is reloaded (model_dir, or the seed).
+  c.lora = ml_collections.ConfigDict(dict(
+      rank=0, alpha=32.0, dropout=0.0, target_modules="all-linear"))
   # Devices: "" runs on one device; a jagent.sharding.make_mesh spec ("data:8",
   # "data:2,fsdp:2,tensor:2", "fsdp:-1") spreads the run over every device jax
   # sees (all processes' with --distributed); rows over data x fsdp.
@@ -128,4 +137,35 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # its floor (0: no check): the Echo Trap's early signs.
   c.diagnostics = ml_collections.ConfigDict(dict(
       every=25, num_rows=32, min_reward_std=0.1, min_entropy=0.02, min_mutual_info=0.01))
+  return c
+
+
+def benchmark_config(env: str, algorithm: str, model: str, num_groups: int, group_size: int,
+                     max_turns: int, max_tokens_per_turn: int, history_turns: int,
+                     seed: int = 0) -> ml_collections.ConfigDict:
+  """``get_config("<env>,<algorithm>")`` at a benchmark's sizes, from random weights.
+
+  No SFT and no collapse diagnostics (``diagnostics.every = 0``: they run on
+  a few logged steps only, and the benchmarks time early steps).
+
+  Args:
+    env: a registered env id.
+    algorithm: a ``jagent.transforms`` name (the main job's: ``"starpo_s"``).
+    model: a ``jagent.models`` config name (random weights).
+    num_groups, group_size, max_turns, max_tokens_per_turn: the rollout's
+      (``config.rollout.*``).
+    history_turns: ``config.rollout.history_turns`` (-1: full history).
+    seed: ``config.seed``.
+
+  Returns:
+    An ``ml_collections.ConfigDict`` for :class:`experiments.common.Experiment`
+    (not validated yet: ``experiments.common.validate`` names a bad field).
+  """
+  c = get_config(f"{env},{algorithm}")
+  c.model = model
+  c.seed = seed
+  c.rollout.update(dict(num_groups=num_groups, group_size=group_size, max_turns=max_turns,
+                        max_tokens_per_turn=max_tokens_per_turn, history_turns=history_turns))
+  c.sft.steps = 0
+  c.diagnostics.every = 0
   return c

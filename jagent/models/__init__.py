@@ -18,13 +18,24 @@ Please don't use symbols in the ``_``-prefixed modules: they may change.
 """
 
 from jagent.models._checkpoint import load_hf_checkpoint
+from jagent.models._checkpoint import load_peft_adapter
 from jagent.models._checkpoint import read_hf_config
 from jagent.models._checkpoint import save_hf_checkpoint
+from jagent.models._checkpoint import save_peft_adapter
 from jagent.models._config import config_from_hf
 from jagent.models._config import config_names
 from jagent.models._config import config_to_hf
 from jagent.models._config import get_config
 from jagent.models._config import ModelConfig
+from jagent.models._lora import init_lora
+from jagent.models._lora import join_frozen
+from jagent.models._lora import LORA_MODULES
+from jagent.models._lora import lora_axes
+from jagent.models._lora import LoraConfig
+from jagent.models._lora import LoraPair
+from jagent.models._lora import LoraParams
+from jagent.models._lora import merge_lora
+from jagent.models._lora import split_frozen
 from jagent.models._sampling import generate
 from jagent.models._sampling import GenerateOutput
 from jagent.models._sampling import sample_logits
@@ -43,7 +54,11 @@ from jagent.models._transformer import rope_inv_freq
 __all__ = (
     "GenerateOutput",
     "KVCache",
+    "LORA_MODULES",
     "LayerParams",
+    "LoraConfig",
+    "LoraPair",
+    "LoraParams",
     "ModelConfig",
     "SamplingConfig",
     "Params",
@@ -57,10 +72,17 @@ __all__ = (
     "hidden_states",
     "init",
     "init_cache",
+    "init_lora",
+    "join_frozen",
     "load_hf_checkpoint",
+    "load_peft_adapter",
+    "lora_axes",
+    "merge_lora",
     "param_axes",
     "read_hf_config",
     "rope_inv_freq",
     "sample_logits",
     "save_hf_checkpoint",
+    "save_peft_adapter",
+    "split_frozen",
 )

@@ -29,14 +29,16 @@ Name table (Hugging Face ``Qwen2ForCausalLM`` / ``LlamaForCausalLM``, HF shape
 from __future__ import annotations
 
 import json
+import math
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
 
 from jagent._src import files
 from jagent.models import _config
+from jagent.models import _lora
 from jagent.models import _transformer
 
 CONFIG_FILE = "config.json"
@@ -208,6 +210,7 @@ def save_hf_checkpoint(
     path: str,
     *,
     max_shard_bytes: int | None = None,
+    extra_files: Mapping[str, str] | None = None,
 ) -> None:
   """Writes ``params`` as a Hugging Face checkpoint directory.
 
@@ -215,15 +218,18 @@ def save_hf_checkpoint(
   the tensors exceed ``max_shard_bytes``, ``model-0000i-of-0000n.safetensors``
   files plus model.safetensors.index.json. Tensors keep the params' dtype.
   Every shape is checked before anything is written; the files are written
-  in full in a staging directory beside ``path``, then moved in (weights,
-  then the index, then config.json; ``jagent._src.files.staged_directory``),
-  so an interrupted export never leaves a truncated or half-new checkpoint.
+  in full in a staging directory beside ``path``, then moved in (weights and
+  ``extra_files``, then the index, then config.json;
+  ``jagent._src.files.staged_directory``), so an interrupted export never
+  leaves a truncated or half-new checkpoint.
 
   Args:
     params: the parameters (gathered to the host).
     config: their config.
     path: output directory (created).
     max_shard_bytes: optional size limit per file.
+    extra_files: file name -> text written beside the weights, e.g. a
+      tokenizer's ``Tokenizer.hf_files()``.
 
   Raises:
     ValueError: params whose shapes disagree with ``config``.
@@ -262,5 +268,143 @@ def save_hf_checkpoint(
         weight_map.update({name: fn for name in shard})
       with open(os.path.join(staging, INDEX_FILE), "w") as fh:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fh, indent=2)
+    for name, text in (extra_files or {}).items():
+      with open(os.path.join(staging, name), "w", encoding="utf-8") as fh:
+        fh.write(text)
     with open(os.path.join(staging, CONFIG_FILE), "w") as fh:
       json.dump(hf, fh, indent=2)
+
+
+# ------------------------------------------------------------------ PEFT LoRA
+PEFT_CONFIG_FILE = "adapter_config.json"
+PEFT_WEIGHTS_FILE = "adapter_model.safetensors"
+# Our module name -> the Hugging Face projection it adapts (Qwen2 and Llama).
+_PEFT_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+                 "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
+                 "down": "mlp.down_proj"}
+
+
+def _peft_name(layer: int, module: str, factor: str) -> str:
+  """PEFT's saved key: ``base_model.model.`` + the HF module path + ``lora_{A,B}.weight``."""
+  return f"base_model.model.model.layers.{layer}.{_PEFT_MODULES[module]}.lora_{factor}.weight"
+
+
+def save_peft_adapter(params: _lora.LoraParams, config: _config.ModelConfig, path: str, *,
+                      base_model_name_or_path: str | None = None) -> None:
+  """Writes LoRA adapters as a Hugging Face PEFT adapter directory.
+
+  ``adapter_config.json`` (``peft_type: LORA``, ``r``, ``lora_alpha``,
+  ``lora_dropout``, ``target_modules`` as HF projection names) and
+  ``adapter_model.safetensors`` with PEFT's saved key names
+  (``base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight``
+  ``[r, in]``, ``...lora_B.weight`` ``[out, r]``; the format described in
+  PEFT's docs, "PEFT checkpoint format"). ``peft.PeftModel.from_pretrained``
+  loads it onto the base checkpoint (a ``transformers`` Qwen2/Llama model);
+  :func:`load_peft_adapter` reads it back. Files are staged and moved in as
+  :func:`save_hf_checkpoint` does.
+
+  Args:
+    params: a :class:`jagent.models.LoraParams` with adapters (its base is
+      not written).
+    config: the base model's config.
+    path: output directory (created).
+    base_model_name_or_path: recorded in adapter_config.json (e.g. the
+      base's Hugging Face directory or hub id); None writes null.
+
+  Raises:
+    ValueError: ``params`` without adapters, or adapters whose shapes
+      disagree with ``config``.
+  """
+  import safetensors.numpy  # pylint: disable=g-import-not-at-top
+  if not isinstance(params, _lora.LoraParams) or params.adapters is None:
+    raise ValueError("save_peft_adapter needs a LoraParams with adapters")
+  lc = params.config
+  shapes = _lora.adapter_shapes(config, lc.rank)
+  tensors = {}
+  for i, layer in enumerate(params.adapters):
+    for name, pair in layer.items():
+      a, b = (np.asarray(jax.device_get(x), np.float32) for x in (pair.a, pair.b))
+      if (a.shape, b.shape) != shapes[name]:
+        raise ValueError(f"adapter {name!r} of layer {i} has shapes {a.shape}, {b.shape}; "
+                         f"config expects {shapes[name]}")
+      tensors[_peft_name(i, name, "A")] = np.ascontiguousarray(a.reshape(-1, lc.rank).T)
+      tensors[_peft_name(i, name, "B")] = np.ascontiguousarray(b.reshape(lc.rank, -1).T)
+  adapter_config = {
+      "peft_type": "LORA", "task_type": "CAUSAL_LM",
+      "base_model_name_or_path": base_model_name_or_path, "revision": None,
+      "r": lc.rank, "lora_alpha": lc.alpha, "lora_dropout": lc.dropout,
+      "target_modules": sorted(_PEFT_MODULES[m].split(".")[1] for m in lc.modules),
+      "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
+      "init_lora_weights": True, "inference_mode": True, "modules_to_save": None,
+  }
+  with files.staged_directory(path, last=(PEFT_CONFIG_FILE,)) as staging:
+    safetensors.numpy.save_file(tensors, os.path.join(staging, PEFT_WEIGHTS_FILE),
+                                metadata={"format": "pt"})
+    with open(os.path.join(staging, PEFT_CONFIG_FILE), "w") as fh:
+      json.dump(adapter_config, fh, indent=2)
+
+
+def load_peft_adapter(path: str, base: Any, config: _config.ModelConfig) -> _lora.LoraParams:
+  """Reads a PEFT LoRA adapter directory onto ``base`` (inverse of :func:`save_peft_adapter`).
+
+  Args:
+    path: directory with adapter_config.json and adapter_model.safetensors.
+    base: the base ``Params`` the adapters apply to.
+    config: the base's config.
+
+  Returns:
+    :class:`jagent.models.LoraParams` (float32 adapters).
+
+  Raises:
+    ValueError: missing files, a non-LoRA or unsupported PEFT config
+      (``use_rslora``, ``use_dora``, ``fan_in_fan_out``, a bias, a module
+      this model does not have), or a missing or misshapen tensor.
+  """
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  cfg_file = os.path.join(path, PEFT_CONFIG_FILE)
+  weights = os.path.join(path, PEFT_WEIGHTS_FILE)
+  if not (os.path.isfile(cfg_file) and os.path.isfile(weights)):
+    raise ValueError(f"{path!r} lacks {PEFT_CONFIG_FILE} or {PEFT_WEIGHTS_FILE}")
+  with open(cfg_file) as fh:
+    pc = json.load(fh)
+  if pc.get("peft_type") != "LORA":
+    raise ValueError(f"{cfg_file}: peft_type={pc.get('peft_type')!r}, expected 'LORA'")
+  for key, ok in (("use_rslora", False), ("use_dora", False), ("fan_in_fan_out", False),
+                  ("bias", "none")):
+    if pc.get(key, ok) != ok:
+      raise ValueError(f"{cfg_file}: {key}={pc[key]!r} is not supported")
+  targets = pc.get("target_modules")
+  ours = {v.split(".")[1]: k for k, v in _PEFT_MODULES.items()}
+  if targets == _lora.ALL_LINEAR:
+    modules = _lora.ALL_LINEAR
+  else:
+    targets = [targets] if isinstance(targets, str) else list(targets or [])
+    unknown = [t for t in targets if t not in ours]
+    if unknown:
+      raise ValueError(f"{cfg_file}: target_modules {unknown} are not projections of "
+                       f"this model ({sorted(ours)})")
+    modules = tuple(ours[t] for t in targets)
+  lc = _lora.LoraConfig(rank=int(pc["r"]), alpha=float(pc["lora_alpha"]),
+                        dropout=float(pc.get("lora_dropout", 0.0)), target_modules=modules)
+  lc.check_model(config)
+  shapes = _lora.adapter_shapes(config, lc.rank)
+  layers = []
+  with safe_open(weights, framework="numpy") as fh:
+    names = set(fh.keys())
+    for i in range(config.num_layers):
+      layer = {}
+      for m in lc.modules:
+        pair = []
+        for factor, shape in zip("AB", shapes[m]):
+          key = _peft_name(i, m, factor)
+          if key not in names:
+            raise ValueError(f"{weights} lacks tensor {key!r}")
+          arr = fh.get_tensor(key).astype(np.float32)
+          want = (lc.rank, math.prod(shape[:-1])) if factor == "A" else (
+              math.prod(shape[1:]), lc.rank)
+          if arr.shape != want:
+            raise ValueError(f"tensor {key!r} has shape {arr.shape}, expected {want}")
+          pair.append(jax.numpy.asarray(arr.T.reshape(shape)))
+        layer[m] = _lora.LoraPair(a=pair[0], b=pair[1])
+      layers.append(layer)
+  return _lora.LoraParams(base=base, adapters=tuple(layers), config=lc)

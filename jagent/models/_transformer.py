@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from jagent.models import _lora
 from jagent.models._config import ModelConfig
 
 # Logical axis names (constants so sharding rules can refer to them).
@@ -362,7 +363,7 @@ def _dense(x: jax.Array, w: jax.Array) -> jax.Array:
   return y.reshape(*lead, *w.shape[1:])
 
 
-def _qkv_projection(h_btd, lp, cos_btf, sin_btf, dtype):
+def _qkv_projection(h_btd, lp, cos_btf, sin_btf, dtype, delta=None):
   """Queries [B,T,K,G,Dh], keys and values [B,T,K,Dh] (rotary applied) in one matmul.
 
   The weights of each key/value head's G query heads, its key and its value
@@ -373,13 +374,16 @@ def _qkv_projection(h_btd, lp, cos_btf, sin_btf, dtype):
   (as is the gate/up pair of the MLP as one; measured in
   docs/results.md, "Model kernels on XLA:CPU"). The stacking keeps the K axis
   leading, so a ``KV_HEADS``-sharded layout stays local; inside a decode loop
-  XLA hoists it out of the loop (the weights are loop-invariant).
+  XLA hoists it out of the loop (the weights are loop-invariant). ``delta``
+  (``[B, T, K, G + 2, Dh]``, LoRA's additions) is added before the biases.
   """
   d, nk, dh = lp.wk.shape
   g = lp.wq.shape[1] // nk
   w = jnp.concatenate([lp.wq.reshape(d, nk, g, dh), lp.wk[:, :, None], lp.wv[:, :, None]],
                       axis=2).astype(dtype)
   y = _dense(h_btd, w)  # [B, T, K, G + 2, Dh]
+  if delta is not None:
+    y = y + delta
   if lp.bq is not None:
     bias = jnp.concatenate([lp.bq.reshape(nk, g, dh), lp.bk[:, None], lp.bv[:, None]], axis=1)
     y = y + bias.astype(dtype)[None, None]
@@ -434,6 +438,7 @@ def hidden_states(
     config: ModelConfig,
     num_tokens: jax.typing.ArrayLike | None = None,
     attention_mask: jax.typing.ArrayLike | None = None,
+    dropout_key: jax.Array | None = None,
 ) -> tuple[jax.Array, KVCache | None]:
   """The decoder trunk: final hidden states after the final RMSNorm.
 
@@ -444,13 +449,18 @@ def hidden_states(
   of :func:`apply`.
 
   Args:
-    params: from :func:`init` or a checkpoint loader.
+    params: from :func:`init` or a checkpoint loader, or a
+      :class:`jagent.models.LoraParams` (a base with LoRA adapters, applied
+      unmerged).
     tokens: int32 [B, T] token ids.
     positions: int32 [B, T] RoPE positions.
     cache: optional ``KVCache`` (see :func:`apply`).
     config: the model config (static under jit).
     num_tokens: optional int32 [B], valid tokens per row (with a cache only).
     attention_mask: optional bool [B, T] key validity (without a cache only).
+    dropout_key: optional PRNG key of the LoRA adapters' input dropout
+      (``LoraConfig.dropout``); None (the default, and always when sampling):
+      no dropout.
 
   Returns:
     ``(h, cache)``: hidden states [B, T, D] in ``config.dtype`` after the
@@ -467,6 +477,12 @@ def hidden_states(
                      f"[B, T]; got {tokens.shape} and {positions.shape}")
   b, t = tokens.shape
   dt = c.jnp_dtype
+  adapters = None
+  if _lora.is_lora(params):
+    lora_config, adapters = params.config, params.adapters
+    params = params.base
+  if adapters is None:
+    adapters = (None,) * len(params.layers)
 
   x = jnp.take(params.embed, tokens, axis=0).astype(dt)  # [B, T, D]
   inv = jnp.asarray(rope_inv_freq(c))
@@ -484,10 +500,33 @@ def hidden_states(
     n = jnp.full((b,), t, jnp.int32) if num_tokens is None else jnp.asarray(num_tokens, jnp.int32)
     # Slots any used query reads: rows with no valid token read none.
     needed = jnp.clip(jnp.max(jnp.where(n > 0, cache.lengths + n, 0)), 1, cache.max_length)
-  def layer(x, lp, cos, sin, k_cache, v_cache):
-    """One pre-norm decoder block; with a cache also its updated K/V."""
+  def layer(x, lp, cos, sin, k_cache, v_cache, la, key):
+    """One pre-norm decoder block; with a cache also its updated K/V.
+
+    ``la``: the layer's LoRA pairs (a dict by module name) or None; ``key``
+    its dropout key or None.
+    """
+    la = la or {}
+
+    def delta(name, inp, in_axes=1):
+      """LoRA's addition to projection ``name`` (None when not adapted)."""
+      if name not in la:
+        return None
+      sub = None if key is None else jax.random.fold_in(key, _lora.LORA_MODULES.index(name))
+      return _lora.lora_delta(inp, la[name], lora_config.scale, dt, rate=lora_config.dropout,
+                              key=sub, in_axes=in_axes)
+
     h_btd = _rms_norm(x, lp.attn_norm, c.norm_eps)
-    q, k, v = _qkv_projection(h_btd, lp, cos, sin, dt)
+    qkv_delta = None
+    if any(n in la for n in ("q", "k", "v")):
+      nk, g = c.num_kv_heads, c.num_heads // c.num_kv_heads
+      dq, dk, dv = delta("q", h_btd), delta("k", h_btd), delta("v", h_btd)
+      zero = lambda *s: jnp.zeros((b, t, nk, *s, c.head_dim), dt)  # noqa: E731
+      qkv_delta = jnp.concatenate([
+          zero(g) if dq is None else dq.reshape(b, t, nk, g, c.head_dim),
+          zero(1) if dk is None else dk[:, :, :, None],
+          zero(1) if dv is None else dv[:, :, :, None]], axis=3)
+    q, k, v = _qkv_projection(h_btd, lp, cos, sin, dt, qkv_delta)
     if cache is None:
       o = _causal_attention(q, k, v, mask, dt)
       k_all = v_all = None
@@ -497,21 +536,30 @@ def hidden_states(
       v_all = v_cache.at[rows, :, slots, :].set(v.astype(v_cache.dtype), mode="drop")
       o = _cached_attention(q, k_all.astype(dt), v_all.astype(dt), slots, needed, dt)
     o = o.reshape(b, t, c.num_heads, c.head_dim)
-    x = x + _dense(o.reshape(b, t, c.num_heads * c.head_dim),
-                   lp.wo.astype(dt).reshape(c.num_heads * c.head_dim, -1))
+    attn_out = _dense(o.reshape(b, t, c.num_heads * c.head_dim),
+                      lp.wo.astype(dt).reshape(c.num_heads * c.head_dim, -1))
+    d_o = delta("o", o, in_axes=2)
+    x = x + (attn_out if d_o is None else attn_out + d_o)
     h_btd = _rms_norm(x, lp.mlp_norm, c.norm_eps)
     # Gate and up projections as one matmul over weights stacked [D, 2, F].
     gate_up = _dense(h_btd, jnp.stack([lp.w_gate, lp.w_up], axis=1).astype(dt))
-    act = jax.nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :]  # [B, T, F]
-    return x + _dense(act, lp.w_down.astype(dt)), k_all, v_all
+    gate, up = gate_up[..., 0, :], gate_up[..., 1, :]
+    d_gate, d_up = delta("gate", h_btd), delta("up", h_btd)
+    gate = gate if d_gate is None else gate + d_gate
+    up = up if d_up is None else up + d_up
+    act = jax.nn.silu(gate) * up  # [B, T, F]
+    out = _dense(act, lp.w_down.astype(dt))
+    d_down = delta("down", act)
+    return x + (out if d_down is None else out + d_down), k_all, v_all
 
   # config.remat: a backward pass keeps only each block's input and recomputes
   # the block (no cache: the training forward).
   block = jax.checkpoint(layer) if c.remat and cache is None else layer
   new_k, new_v = [], []
   for i, lp in enumerate(params.layers):
+    key = None if dropout_key is None else jax.random.fold_in(dropout_key, i)
     x, k_all, v_all = block(x, lp, cos, sin, None if cache is None else cache.k[i],
-                            None if cache is None else cache.v[i])
+                            None if cache is None else cache.v[i], adapters[i], key)
     new_k.append(k_all)
     new_v.append(v_all)
 
@@ -525,8 +573,11 @@ def output_logits(params: Params, h: jax.Array, config: ModelConfig) -> jax.Arra
   """float32 logits ``[..., V]`` of hidden states ``h [..., D]`` (tied or untied head).
 
   The output projection of :func:`apply`: ``h @ embed.T`` with tied
-  embeddings, else ``h @ lm_head``; accumulated in float32.
+  embeddings, else ``h @ lm_head``; accumulated in float32. A
+  :class:`jagent.models.LoraParams` projects with its base (the output head
+  is never adapted).
   """
+  params = _lora.base_of(params)
   dt = config.jnp_dtype
   h2 = h.reshape(-1, h.shape[-1])  # 2-D: see _dense
   if params.lm_head is None:
@@ -547,6 +598,7 @@ def apply(
     num_tokens: jax.typing.ArrayLike | None = None,
     attention_mask: jax.typing.ArrayLike | None = None,
     logits_at: jax.typing.ArrayLike | None = None,
+    dropout_key: jax.Array | None = None,
 ) -> tuple[jax.Array, KVCache | None]:
   """Forward pass: logits of the next token after each input token.
 
@@ -560,7 +612,8 @@ def apply(
   logits and write slots that the next call overwrites.
 
   Args:
-    params: from :func:`init` or a checkpoint loader.
+    params: from :func:`init` or a checkpoint loader, or a
+      :class:`jagent.models.LoraParams`.
     tokens: int32 [B, T] token ids.
     positions: int32 [B, T] RoPE positions (normally ``cache.lengths[:, None]
       + arange(T)``, or ``arange(T)`` without a cache).
@@ -574,6 +627,7 @@ def apply(
     logits_at: optional int32 [B]; if given, return logits only at token
       index ``logits_at[b]`` of each row ([B, V]), skipping the output
       projection elsewhere (e.g. the last prompt token of a prefill).
+    dropout_key: optional PRNG key of LoRA dropout (see :func:`hidden_states`).
 
   Returns:
     ``(logits, cache)``: float32 logits [B, T, V] (or [B, V] with
@@ -583,7 +637,8 @@ def apply(
     ValueError: tokens/positions not rank 2 or of different shapes.
   """
   x, cache = hidden_states(params, tokens, positions, cache, config=config,
-                           num_tokens=num_tokens, attention_mask=attention_mask)
+                           num_tokens=num_tokens, attention_mask=attention_mask,
+                           dropout_key=dropout_key)
   if logits_at is not None:
     idx = jnp.asarray(logits_at, jnp.int32)
     x = jnp.take_along_axis(x, idx[:, None, None], axis=1)[:, 0]  # [B, D]

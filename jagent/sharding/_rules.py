@@ -140,8 +140,14 @@ def tree_shardings(axes: PyTree, tree: PyTree, mesh: jax.sharding.Mesh,
                       axes, tree, is_leaf=is_spec)
 
 
-def _params_axes(params: models.Params) -> models.Params:
-  """``models.param_axes`` for the config ``params`` were built from."""
+def _params_axes(params):
+  """``models.param_axes`` for the config ``params`` were built from.
+
+  A :class:`jagent.models.LoraParams` gets ``models.lora_axes`` (its base's
+  axes, and the adapters' by the weights they adapt).
+  """
+  if isinstance(params, models.LoraParams):
+    return models.lora_axes(params, None if params.base is None else _params_axes(params.base))
   if not isinstance(params, models.Params):
     raise ValueError(f"expected jagent.models.Params; got {type(params).__name__}.")
   if not params.layers:
@@ -163,13 +169,15 @@ def param_shardings(params: models.Params, mesh: jax.sharding.Mesh,
   :func:`logical_to_sharding`).
 
   Args:
-    params: :class:`jagent.models.Params` (arrays or ``jax.eval_shape``
+    params: :class:`jagent.models.Params` or
+      :class:`jagent.models.LoraParams` (arrays or ``jax.eval_shape``
       structs).
     mesh: the device mesh.
-    rules: see :data:`DEFAULT_RULES`.
+    rules: see :data:`DEFAULT_RULES`; the adapters' ``lora_rank`` axis,
+      named by no rule, is replicated.
 
   Returns:
-    ``Params`` with NamedSharding leaves.
+    ``params``' structure with NamedSharding leaves.
 
   Raises:
     ValueError: ``params`` is not a ``models.Params``, or a bad rule.
@@ -247,14 +255,17 @@ def train_state_shardings(state: _state.TrainState, mesh: jax.sharding.Mesh,
   rep = replicated(mesh)
   params = param_shardings(state.params, mesh, rules)
   critic = critic_opt = None
+  # Optimizer states mirror the trainable parts (LoRA: the adapters).
+  trainable = lambda p, s: models.split_frozen((p, s))[0]  # noqa: E731
   if state.critic_params is not None:
     critic = _critic_shardings(state.critic_params, mesh, rules)
-    critic_opt = _mirror(state.critic_opt_state, state.critic_params, critic, rep)
+    critic_opt = _mirror(state.critic_opt_state,
+                         *trainable(state.critic_params, critic), rep)
   ref = None if state.ref_params is None else param_shardings(state.ref_params, mesh, rules)
   every = lambda t: jax.tree.map(lambda _: rep, t)  # noqa: E731
   return _state.TrainState(
       step=rep, params=params,
-      opt_state=_mirror(state.opt_state, state.params, params, rep),
+      opt_state=_mirror(state.opt_state, *trainable(state.params, params), rep),
       critic_params=critic, critic_opt_state=critic_opt, ref_params=ref,
       objective_state=every(state.objective_state), rng=rep, num_updates=rep,
       skipped_nonfinite=rep, skipped_empty=rep)

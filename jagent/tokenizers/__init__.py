@@ -4,6 +4,7 @@ Please don't use symbols in the ``_``-prefixed modules: they may change.
 """
 
 from jagent.tokenizers._base import CHAT_TEMPLATES
+from jagent.tokenizers._base import CHAT_TEMPLATES_JINJA
 from jagent.tokenizers._base import chatml_template
 from jagent.tokenizers._base import gather_bytes
 from jagent.tokenizers._base import llama3_template
@@ -19,6 +20,7 @@ from jagent.tokenizers._sentencepiece import train_sentencepiece
 
 __all__ = (
     "CHAT_TEMPLATES",
+    "CHAT_TEMPLATES_JINJA",
     "HFTokenizer",
     "SentencePieceTokenizer",
     "TINY_SYMBOLS",

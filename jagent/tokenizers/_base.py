@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import abc
-from typing import Callable, Mapping, Sequence
+import json
+import os
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jagent._src import files
 
 Message = Mapping[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
 
@@ -53,6 +57,34 @@ def plain_template(messages: Sequence[Message], add_generation_prompt: bool = Tr
 CHAT_TEMPLATES: dict[str, Callable[..., str]] = {
     "chatml": chatml_template, "llama3": llama3_template, "plain": plain_template}
 
+# Each named template as a Hugging Face Jinja ``chat_template`` (what
+# ``transformers``' ``apply_chat_template`` renders, with trim_blocks and
+# lstrip_blocks): the same text as the Python function of the same name.
+CHAT_TEMPLATES_JINJA: dict[str, str] = {
+    "chatml": (
+        "{% for message in messages %}"
+        "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"),
+    "llama3": (
+        "{{ '<|begin_of_text|>' }}"
+        "{% for message in messages %}"
+        "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+        " + message['content'] + '<|eot_id|>' }}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}"
+        "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"),
+    "plain": (
+        "{% for message in messages %}"
+        "{{ message['role'] | capitalize + ': ' + message['content'] + '\n' }}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}{{ 'Assistant: ' }}{% endif %}"),
+}
+
+# The files of a Hugging Face tokenizer directory.
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+
 
 class Tokenizer(abc.ABC):
   """One interface over sentencepiece and Hugging Face tokenizers.
@@ -83,14 +115,81 @@ class Tokenizer(abc.ABC):
   def _piece_bytes(self) -> list[bytes]:
     """The bytes each id contributes to a decoded UTF-8 string (V entries)."""
 
-  def __init__(self, chat_template: str | Callable[..., str] = "chatml"):
+  def __init__(self, chat_template: str | Callable[..., str] = "chatml",
+               chat_template_jinja: str | None = None):
     if isinstance(chat_template, str):
       if chat_template not in CHAT_TEMPLATES:
         raise ValueError(f"unknown chat_template {chat_template!r}; known: "
                          f"{sorted(CHAT_TEMPLATES)} or a callable")
+      chat_template_jinja = CHAT_TEMPLATES_JINJA[chat_template]
       chat_template = CHAT_TEMPLATES[chat_template]
     self._chat_template = chat_template
+    # The Jinja source of the template (None: a callable without one).
+    self._chat_template_jinja = chat_template_jinja
     self._table = None
+
+  # ------------------------------------------------------- Hugging Face files
+  @abc.abstractmethod
+  def _hf_tokenizer_json(self) -> str:
+    """The text of this tokenizer's Hugging Face ``tokenizer.json``."""
+
+  @abc.abstractmethod
+  def _token_text(self, i: int) -> str:
+    """The vocabulary entry of id ``i`` (e.g. ``"<|im_end|>"``)."""
+
+  def _hf_tokenizer_config(self) -> dict[str, Any]:
+    """``tokenizer_config.json`` without the chat template (subclasses extend it)."""
+    text = lambda i: None if i is None else self._token_text(i)  # noqa: E731
+    return {"tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": text(self.bos_id), "eos_token": text(self.eos_id),
+            "pad_token": text(self.pad_id),
+            # Decoding must give the text back as it was (no " ." -> ".").
+            "clean_up_tokenization_spaces": False}
+
+  def hf_files(self, chat_template: str | None = None) -> dict[str, str]:
+    """The files of a Hugging Face tokenizer directory: file name -> text.
+
+    ``tokenizer.json`` (the fast tokenizer: vocabulary, merges, special
+    tokens, normalizer, decoder) and ``tokenizer_config.json`` (the bos / eos
+    / pad tokens and the Jinja ``chat_template``), so that
+    ``transformers.AutoTokenizer.from_pretrained(dir)`` encodes, decodes and
+    applies the chat template as this tokenizer does, and
+    :class:`jagent.tokenizers.HFTokenizer` loads the directory back.
+
+    Args:
+      chat_template: a name of :data:`CHAT_TEMPLATES` (the template the
+        model was trained with), or None: this tokenizer's own.
+
+    Returns:
+      ``{"tokenizer.json": ..., "tokenizer_config.json": ...}``.
+
+    Raises:
+      ValueError: an unknown ``chat_template`` name, a tokenizer whose own
+        template is a Python callable without Jinja source, or (from the
+        subclass) a tokenizer that has no ``tokenizer.json`` form.
+    """
+    if chat_template is None:
+      jinja = self._chat_template_jinja
+      if jinja is None:
+        raise ValueError("this tokenizer's chat template is a Python callable with no Jinja "
+                         f"source; pass chat_template= one of {sorted(CHAT_TEMPLATES_JINJA)}")
+    elif chat_template in CHAT_TEMPLATES_JINJA:
+      jinja = CHAT_TEMPLATES_JINJA[chat_template]
+    else:
+      raise ValueError(f"unknown chat_template {chat_template!r}; known: "
+                       f"{sorted(CHAT_TEMPLATES_JINJA)}")
+    config = {**self._hf_tokenizer_config(), "chat_template": jinja}
+    return {TOKENIZER_FILE: self._hf_tokenizer_json(),
+            TOKENIZER_CONFIG_FILE: json.dumps(config, indent=2, ensure_ascii=False) + "\n"}
+
+  def save_pretrained(self, path: str, chat_template: str | None = None) -> list[str]:
+    """Writes :meth:`hf_files` into directory ``path`` (created); returns their paths."""
+    os.makedirs(path, exist_ok=True)
+    out = []
+    for name, text in self.hf_files(chat_template).items():
+      out.append(os.path.join(path, name))
+      files.write_text(out[-1], text)
+    return out
 
   def apply_chat_template(self, messages: Sequence[Message],
                           add_generation_prompt: bool = True) -> str:

@@ -14,7 +14,7 @@ from typing import Sequence
 from jagent.tokenizers import _base
 
 
-def _byte_decoder() -> dict[str, int]:
+def byte_decoder() -> dict[str, int]:
   """Inverse of GPT-2's byte -> printable unicode map (byte-level BPE vocabularies)."""
   keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
       range(ord("®"), ord("ÿ") + 1))
@@ -69,9 +69,14 @@ class HFTokenizer(_base.Tokenizer):
       with open(cfg_file, encoding="utf-8") as fh:
         cfg = json.load(fh)
     template = chat_template
-    if template is None and isinstance(cfg.get("chat_template"), str):
-      template = _jinja_template(cfg["chat_template"], cfg)
+    own = cfg.get("chat_template") if isinstance(cfg.get("chat_template"), str) else None
+    if template is None and own is not None:
+      template = _jinja_template(own, cfg)
     super().__init__(template or "chatml")
+    if chat_template is None and own is not None:
+      # Exported as it was read (even where jinja2 is missing to render it here).
+      self._chat_template_jinja = own
+    self._config = {k: v for k, v in cfg.items() if k != "chat_template"}
     self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
     self.special_tokens = {t["content"]: int(t["id"]) for t in spec.get("added_tokens", [])
                            if t.get("special")}
@@ -105,10 +110,23 @@ class HFTokenizer(_base.Tokenizer):
   def decode(self, ids: Sequence[int]) -> str:
     return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
+  def _token_text(self, i: int) -> str:
+    return self._tok.id_to_token(i)
+
+  def _hf_tokenizer_json(self) -> str:
+    return self._tok.to_str(pretty=True)
+
+  def _hf_tokenizer_config(self) -> dict:
+    # The directory's own settings (its tokenizer class, ...), with the
+    # special tokens as this tokenizer resolved them.
+    ours = super()._hf_tokenizer_config()
+    return {**ours, **self._config,
+            **{k: ours[k] for k in ("bos_token", "eos_token", "pad_token")}}
+
   def _piece_bytes(self) -> list[bytes]:
     # Added tokens (special or not) are never byte-level encoded: their text.
     added = {int(i): t.content for i, t in self._tok.get_added_tokens_decoder().items()}
-    inv = _byte_decoder()
+    inv = byte_decoder()
     out = []
     for i in range(self.vocab_size):
       if i in added:

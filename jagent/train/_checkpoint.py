@@ -9,6 +9,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from jagent import models
+from jagent import tokenizers
 from jagent._src.types import PyTree
 
 CHECKPOINT_DIR = "checkpoints"
@@ -38,6 +39,14 @@ class Checkpointer:
   Only the newest ``keep`` checkpoints are kept. Saves run asynchronously
   (``async_save``) and :meth:`wait` blocks until they are on disk; every
   reading method waits first.
+
+  LoRA: the frozen base of every :class:`jagent.models.LoraParams` in the
+  state is left out (``models.split_frozen``): a checkpoint holds the
+  adapters, their optimizer state and the rest of the state, and
+  :meth:`restore` puts the target's bases back. The base is reloaded from
+  where it came from (its Hugging Face directory, or ``models.init`` with
+  the run's seed), so pass a target whose bases are those arrays (abstract
+  bases come back abstract: join the real ones with ``models.join_frozen``).
 
   Restore needs a target (a state of the right structure, or its
   ``jax.eval_shape``): without one orbax turns optax's NamedTuples into
@@ -86,6 +95,7 @@ class Checkpointer:
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
       raise ValueError(f"step must be an int >= 0; got {step!r}.")
+    state, _ = models.split_frozen(state)  # LoRA: no base in the checkpoint
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                               meta=ocp.args.JsonSave(dict(metadata or {})))
     return self._manager.save(step, args=args, force=True)
@@ -124,16 +134,18 @@ class Checkpointer:
       step: the step to restore, or None for the latest.
 
     Returns:
-      ``(state, metadata)``.
+      ``(state, metadata)``; with LoRA, each ``LoraParams``'s base is the
+      target's (the checkpoint holds none).
 
     Raises:
       ValueError: if there is no such checkpoint.
     """
     step = self._step(step)
+    target, frozen = models.split_frozen(target)
     args = ocp.args.Composite(state=ocp.args.StandardRestore(_abstract(target)),
                               meta=ocp.args.JsonRestore())
     out = self._manager.restore(step, args=args)
-    return out.state, dict(out.meta)
+    return models.join_frozen(out.state, frozen), dict(out.meta)
 
   def restore_metadata(self, step: int | None = None) -> dict[str, Any]:
     """Only the JSON metadata of checkpoint ``step`` (default: the latest).
@@ -152,20 +164,44 @@ class Checkpointer:
     self._manager.close()
 
 
-def export_policy(params: models.Params, config: models.ModelConfig,
-                  path: str) -> None:
-  """Writes the policy as a Hugging Face checkpoint directory.
+def export_policy(params: models.Params | models.LoraParams, config: models.ModelConfig,
+                  path: str, *, tokenizer: tokenizers.Tokenizer | None = None,
+                  chat_template: str | None = None) -> None:
+  """Writes the policy as a Hugging Face directory that ``transformers`` loads and chats with.
 
-  Delegates to :func:`jagent.models.save_hf_checkpoint` (``config.json`` +
-  ``model.safetensors``), loadable with :func:`jagent.models.load_hf_checkpoint`
-  or ``transformers``.
+  :func:`jagent.models.save_hf_checkpoint` (``config.json`` +
+  ``model.safetensors``) plus, given a ``tokenizer``, its
+  ``tokenizer.json`` and ``tokenizer_config.json`` (special tokens and the
+  Jinja chat template; ``Tokenizer.hf_files``), all moved in together, so
+  ``AutoTokenizer.from_pretrained(path)`` and
+  ``AutoModelForCausalLM.from_pretrained(path)`` load it and
+  ``apply_chat_template`` writes the prompts the policy was trained on.
+  :func:`jagent.models.load_hf_checkpoint` and
+  :class:`jagent.tokenizers.HFTokenizer` load it back. A LoRA policy is
+  written merged (:func:`jagent.models.merge_lora`); its adapters alone, in
+  PEFT's format: :func:`jagent.models.save_peft_adapter`.
 
   Args:
-    params: policy parameters (e.g. ``state.params``).
+    params: policy parameters (e.g. ``state.params``), plain or LoRA.
     config: their model config.
     path: output directory (created).
+    tokenizer: the policy's tokenizer (None: weights and config only).
+    chat_template: the name of the chat template the policy was trained
+      with (``jagent.tokenizers.CHAT_TEMPLATES``; e.g. the run's
+      ``PromptConfig.chat_template``); None: the tokenizer's own.
 
   Raises:
-    ValueError: params whose shapes disagree with ``config``.
+    ValueError: params whose shapes disagree with ``config``, a tokenizer
+      whose vocabulary is larger than ``config.vocab_size``, or what
+      ``Tokenizer.hf_files`` raises (an unknown template, a tokenizer without
+      a ``tokenizer.json`` form); all before anything is written.
   """
-  models.save_hf_checkpoint(params, config, path)
+  extra = None
+  if tokenizer is not None:
+    if tokenizer.vocab_size > config.vocab_size:
+      raise ValueError(f"tokenizer of {tokenizer.vocab_size} ids does not fit the model's "
+                       f"vocab_size={config.vocab_size}")
+    extra = tokenizer.hf_files(chat_template)
+  if isinstance(params, models.LoraParams):
+    params = models.merge_lora(params)
+  models.save_hf_checkpoint(params, config, path, extra_files=extra)

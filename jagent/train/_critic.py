@@ -54,7 +54,8 @@ def init_critic(config: models.ModelConfig, key: jax.Array, *,
   The head starts at ``w = 0, b = 0`` (every value 0, so the first GAE
   advantages are the plain returns); its gradient is non-zero from the start.
   A ``"model"`` trunk is a copy of ``policy_params`` if given, else
-  ``models.init(config, key)``.
+  ``models.init(config, key)``. A LoRA policy's copy is a ``LoraParams``
+  with a base of its own: the critic then trains its adapters and head only.
 
   Args:
     config: the policy's model config (D = ``config.embed_dim``).

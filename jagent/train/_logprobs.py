@@ -20,6 +20,7 @@ from jagent import losses
 from jagent import models
 from jagent._src.types import Array
 from jagent._src.types import ArrayLike
+from jagent.models import _lora
 from jagent.models import _transformer
 
 
@@ -155,8 +156,9 @@ def _masked_head(params, h_bnd, next_bn, selected_bn, config, temperature, with_
   nxt = jnp.take_along_axis(next_bn, idx, axis=1, mode="fill", fill_value=0)
   h = jnp.moveaxis(h.reshape(b, num_chunks, chunk, d), 1, 0)  # [C, B, chunk, D]
   nxt = jnp.moveaxis(nxt.reshape(b, num_chunks, chunk), 1, 0)
-  # Only the output projection's weights (embed / lm_head) enter the loop.
-  lp, ent = _chunked_head(params.replace(layers=()), h, nxt, max_count, config,
+  # Only the output projection's weights (embed / lm_head; never LoRA's)
+  # enter the loop.
+  lp, ent = _chunked_head(_lora.base_of(params).replace(layers=()), h, nxt, max_count, config,
                           temperature, with_entropy, chunk)
 
   def scatter(vals):  # [C, B, chunk] -> [B, N]; index n (the fill) is dropped

@@ -107,13 +107,19 @@ class TrainState:
   ``critic_params``/``critic_opt_state`` are None without a critic and
   ``ref_params`` is None without a reference policy; the train step branches
   on that (statically: a different tree structure is a different program).
+
+  With LoRA (``params`` a :class:`jagent.models.LoraParams`), ``opt_state``
+  covers the adapters only (``models.split_frozen(params)[0]``), and the
+  reference policy is the policy's own base with the adapters off:
+  ``ref_params`` is then ``LoraParams(base=None, adapters=None)``, a marker
+  holding no array (no second copy of the base; see :func:`reference_params`).
   """
   step: Array  # shape=[], dtype=int32: completed train_step / sft_step calls
-  params: models.Params  # the policy
-  opt_state: optax.OptState  # make_optimizer(config.actor_optimizer) state
+  params: models.Params | models.LoraParams  # the policy
+  opt_state: optax.OptState  # make_optimizer(config.actor_optimizer) state of its trainable part
   critic_params: _critic.CriticParams | None
   critic_opt_state: optax.OptState | None  # make_optimizer(config.critic_optimizer)
-  ref_params: models.Params | None  # frozen reference policy (KL terms)
+  ref_params: models.Params | models.LoraParams | None  # frozen reference policy (KL terms)
   objective_state: PyTree  # the Objective's transform state (() for none)
   rng: Array  # shape=[2], dtype=uint32: raw threefry key data (shuffling)
   num_updates: Array  # shape=[], dtype=int32: optimizer updates applied
@@ -134,6 +140,18 @@ def _raw_key(key) -> Array:
 def state_key(state: TrainState) -> Array:
   """The state's rng as a typed PRNG key."""
   return jax.random.wrap_key_data(state.rng)
+
+
+def reference_params(state: TrainState) -> models.Params | models.LoraParams | None:
+  """The reference policy of ``state`` (None without one).
+
+  ``state.ref_params`` itself, or, for the LoRA marker (a ``LoraParams``
+  without base), the policy's base with the adapters off.
+  """
+  ref = state.ref_params
+  if isinstance(ref, models.LoraParams) and ref.base is None:
+    return state.params.replace(adapters=None)
+  return ref
 
 
 def init_train_state(params: models.Params, key: jax.Array, *,
@@ -159,7 +177,8 @@ def init_train_state(params: models.Params, key: jax.Array, *,
     critic_params: explicit critic parameters (overrides ``critic``).
     reference: keep a frozen copy of ``params`` as the reference policy
       (needed by KL terms and KL-in-reward stages:
-      ``objective.needs.reference``).
+      ``objective.needs.reference``). With LoRA ``params`` no copy is made:
+      the reference is the base with adapters off (see :class:`TrainState`).
     objective: the Objective; its transform state is initialised from
       ``batch`` (or an empty Batch, enough for the built-in stages).
     batch: example or spec batch for ``objective.init``.
@@ -175,13 +194,18 @@ def init_train_state(params: models.Params, key: jax.Array, *,
   if critic_params is None and critic is not None:
     critic_params = _critic.init_critic(config.model, k_critic, kind=critic,
                                         policy_params=params)
+  # Optimizer states of the trainable parts only (LoRA: the adapters).
   actor_tx = _optim.make_optimizer(config.actor_optimizer)
-  opt_state = jax.jit(actor_tx.init)(params)
+  opt_state = jax.jit(actor_tx.init)(models.split_frozen(params)[0])
   critic_opt_state = None
   if critic_params is not None:
     critic_tx = _optim.make_optimizer(config.critic_optimizer)
-    critic_opt_state = jax.jit(critic_tx.init)(critic_params)
-  ref_params = jax.tree.map(jnp.copy, params) if reference else None
+    critic_opt_state = jax.jit(critic_tx.init)(models.split_frozen(critic_params)[0])
+  ref_params = None
+  if reference:
+    ref_params = (models.LoraParams(base=None, adapters=None, config=params.config)
+                  if isinstance(params, models.LoraParams)
+                  else jax.tree.map(jnp.copy, params))
   obj_state = ()
   if objective is not None:
     obj_state = objective.init(transforms.Batch() if batch is None else batch)
@@ -212,7 +236,7 @@ def objective_needs(name: str, **kwargs: Any) -> transforms.ObjectiveNeeds:
 
   Returns:
     :class:`jagent.transforms.ObjectiveNeeds` ``(critic, reference,
-    entropy)``.
+    entropy, groups)``.
 
   Raises:
     ValueError: for an unregistered name or keyword arguments the objective
@@ -222,8 +246,8 @@ def objective_needs(name: str, **kwargs: Any) -> transforms.ObjectiveNeeds:
 
     >>> from jagent import train
     >>> train.objective_needs("starpo_s")
-    ObjectiveNeeds(critic=True, reference=False, entropy=True)
+    ObjectiveNeeds(critic=True, reference=False, entropy=True, groups=False)
     >>> train.objective_needs("grpo")
-    ObjectiveNeeds(critic=False, reference=True, entropy=True)
+    ObjectiveNeeds(critic=False, reference=True, entropy=True, groups=True)
   """
   return transforms.make(name, **kwargs).needs

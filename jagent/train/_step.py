@@ -27,6 +27,11 @@ One RL step (:func:`train_step`):
 
 :func:`sft_step` makes one update of token-mean negative log-likelihood
 through the same accumulation and skip code.
+
+With a LoRA policy (or critic trunk), a :class:`jagent.models.LoraParams`,
+both steps differentiate and update only the adapters
+(``models.split_frozen``): the frozen base gets no gradient and no optimizer
+state, and LoRA dropout draws its masks from the state's rng.
 """
 
 from __future__ import annotations
@@ -181,17 +186,18 @@ def _check_batch(batch: transforms.Batch, rows_divisor: int, what: str) -> None:
 
 
 def _forward(params, critic_params, tokens, mask, *, config, temperature,
-             with_entropy=True) -> transforms.ModelOutputs:
+             with_entropy=True, dropout_key=None) -> transforms.ModelOutputs:
   """Policy log-probs, entropy and (if a critic) values, one policy forward.
 
   Log-probs and entropies are computed where ``mask`` is nonzero only (0
   elsewhere): every loss, transform and metric of a step reads them under
   its loss mask, and ``mask`` is that mask (or, before the objective's
   transform, the batch's, of which the transform only drops positions).
+  ``dropout_key``: the policy's LoRA dropout (None: off).
   """
   h, _ = models.hidden_states(params, tokens,
                               _logprobs.default_positions(tokens),
-                              config=config)
+                              config=config, dropout_key=dropout_key)
   lp = _logprobs.logprobs_from_hidden(params, h, tokens, config=config,
                                       temperature=temperature,
                                       with_entropy=with_entropy, mask=mask)
@@ -200,6 +206,17 @@ def _forward(params, critic_params, tokens, mask, *, config, temperature,
     values = _critic.critic_values(critic_params, tokens, config=config,
                                    policy_hidden=h)
   return transforms.ModelOutputs(lp.logprobs, values, lp.entropy)
+
+
+def _lora_dropout(params) -> bool:
+  """Whether ``params`` is a LoRA policy with adapter dropout (static)."""
+  return (isinstance(params, models.LoraParams) and params.adapters is not None
+          and params.config.dropout > 0)
+
+
+def _dropout_keys(key, n: int):
+  """``n`` keys of LoRA dropout, apart from the epoch's shuffling key."""
+  return jax.random.split(jax.random.fold_in(key, 1), n)
 
 
 def _metric_mean(x, m):
@@ -318,6 +335,12 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
   mask0 = jnp.asarray(batch.loss_mask, jnp.float32)
   has_critic = state.critic_params is not None
   has_ref = state.ref_params is not None
+  ref_params = _state.reference_params(state)
+  # LoRA: only the adapters are differentiated and optimized; the frozen
+  # bases ride along in the closure (empty lists without LoRA).
+  policy_train, policy_frozen = models.split_frozen(state.params)
+  critic_train, critic_frozen = models.split_frozen(state.critic_params)
+  dropout = _lora_dropout(state.params)
 
   # 1. Rollout-time quantities, no gradient, one micro-batch-sized chunk at a
   # time (the same shapes as the gradient pass, so on-policy ratios are 1).
@@ -329,10 +352,10 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
     if has_critic:
       res["values"] = out.values
     if has_ref:
-      h_ref, _ = models.hidden_states(state.ref_params, chunk,
+      h_ref, _ = models.hidden_states(ref_params, chunk,
                                       _logprobs.default_positions(chunk), config=c.model)
       res["ref"] = _logprobs.logprobs_from_hidden(
-          state.ref_params, h_ref, chunk, config=c.model, temperature=c.temperature,
+          ref_params, h_ref, chunk, config=c.model, temperature=c.temperature,
           with_entropy=False, mask=chunk_mask).logprobs
     return res
 
@@ -374,10 +397,12 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
     if batch.returns is not None:
       metrics["critic/returns_mean"] = _metric_mean(batch.returns, mask)
 
-  def micro_loss(trainable, micro):
-    params, critic_params = trainable
+  def micro_loss(trainable, micro_and_key):
+    micro, key = micro_and_key
+    params = models.join_frozen(trainable[0], policy_frozen)
+    critic_params = models.join_frozen(trainable[1], critic_frozen)
     out = _forward(params, critic_params, micro.tokens, micro.loss_mask, config=c.model,
-                   temperature=c.temperature)
+                   temperature=c.temperature, dropout_key=key)
     loss = objective.loss(out, micro)
     if pre is None:  # the entropy diagnostic, from this forward instead
       return loss.loss_sum, {**loss.metrics, "actor/entropy": _metric_mean(
@@ -390,11 +415,13 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
                                     zeros)
     return objective.loss(dummy, micro).denominator
 
-  def minibatch(nets: _Nets, mb):
+  def minibatch(nets: _Nets, mb_and_key):
+    mb, key = mb_and_key
     micro = _split(mb, k_mb)
     den = jnp.sum(jax.lax.stop_gradient(jax.vmap(denominator)(micro)))
+    keys = None if key is None else _dropout_keys(key, k_mb)
     acc = accumulate_gradients(micro_loss, (nets.params, nets.critic_params),
-                               micro, den)
+                               (micro, keys), den)
     nets, upd = _update(nets, acc, den, config=c)
     return nets, (upd, acc.metrics)
 
@@ -403,10 +430,11 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
     if c.shuffle_minibatches:
       perm = jax.random.permutation(key, b)
       eb = jax.tree.map(lambda x: x[perm], rows)
-    return jax.lax.scan(minibatch, nets, _split(eb, m_mb))
+    keys = _dropout_keys(key, m_mb) if dropout else None
+    return jax.lax.scan(minibatch, nets, (_split(eb, m_mb), keys))
 
   key, sub = jax.random.split(_state.state_key(state))
-  nets = _Nets(state.params, state.opt_state, state.critic_params,
+  nets = _Nets(policy_train, state.opt_state, critic_train,
                state.critic_opt_state, state.num_updates,
                state.skipped_nonfinite, state.skipped_empty)
   nets, (per_update, per_micro) = jax.lax.scan(
@@ -423,9 +451,10 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
   metrics["train/skipped_nonfinite_total"] = nets.skipped_nonfinite
   metrics["train/skipped_empty_total"] = nets.skipped_empty
   new_state = state.replace(
-      step=state.step + 1, params=nets.params, opt_state=nets.opt_state,
-      critic_params=nets.critic_params, critic_opt_state=nets.critic_opt_state,
-      objective_state=obj_state, rng=jax.random.key_data(key),
+      step=state.step + 1, params=models.join_frozen(nets.params, policy_frozen),
+      opt_state=nets.opt_state,
+      critic_params=models.join_frozen(nets.critic_params, critic_frozen),
+      critic_opt_state=nets.critic_opt_state, objective_state=obj_state, rng=jax.random.key_data(key),
       num_updates=nets.num_updates, skipped_nonfinite=nets.skipped_nonfinite,
       skipped_empty=nets.skipped_empty)
   return new_state, {k: jnp.asarray(v, jnp.float32).reshape(())
@@ -499,19 +528,25 @@ def sft_update(state: _state.TrainState, batch: transforms.Batch, *,
                           loss_mask=jnp.asarray(batch.loss_mask, jnp.float32))
   micro = _split(rows, k_mb)
   den = jnp.sum(rows.loss_mask)
+  # LoRA: the adapters alone are differentiated and optimized.
+  policy_train, policy_frozen = models.split_frozen(state.params)
+  keys = None
+  if _lora_dropout(state.params):
+    keys = _dropout_keys(jax.random.fold_in(_state.state_key(state), state.step), k_mb)
 
-  def micro_loss(trainable, mb):
-    params, _ = trainable
+  def micro_loss(trainable, mb_and_key):
+    mb, key = mb_and_key
+    params = models.join_frozen(trainable[0], policy_frozen)
     h, _ = models.hidden_states(params, mb.tokens, _logprobs.default_positions(mb.tokens),
-                                config=c.model)
+                                config=c.model, dropout_key=key)
     lp = _logprobs.logprobs_from_hidden(params, h, mb.tokens, config=c.model,
                                         temperature=1.0, with_entropy=False,
                                         mask=mb.loss_mask)  # the positions nll_loss reads
     out = nll_loss(transforms.ModelOutputs(lp.logprobs), mb)
     return out.loss_sum, out.metrics
 
-  acc = accumulate_gradients(micro_loss, (state.params, None), micro, den)
-  nets = _Nets(state.params, state.opt_state, None, None, state.num_updates,
+  acc = accumulate_gradients(micro_loss, (policy_train, None), (micro, keys), den)
+  nets = _Nets(policy_train, state.opt_state, None, None, state.num_updates,
                state.skipped_nonfinite, state.skipped_empty)
   nets, upd = _update(nets, acc, den, config=c)
   metrics = {"sft/nll": acc.loss, "train/grad_norm": upd["train/grad_norm"],
@@ -519,8 +554,8 @@ def sft_update(state: _state.TrainState, batch: transforms.Batch, *,
              "sft/tokens": den,
              "train/skipped_nonfinite_total": nets.skipped_nonfinite}
   new_state = state.replace(
-      step=state.step + 1, params=nets.params, opt_state=nets.opt_state,
-      num_updates=nets.num_updates, skipped_nonfinite=nets.skipped_nonfinite,
+      step=state.step + 1, params=models.join_frozen(nets.params, policy_frozen),
+      opt_state=nets.opt_state, num_updates=nets.num_updates, skipped_nonfinite=nets.skipped_nonfinite,
       skipped_empty=nets.skipped_empty)
   return new_state, {k: jnp.asarray(v, jnp.float32).reshape(())
                      for k, v in metrics.items()}

@@ -53,6 +53,7 @@ from jagent.transforms._loss import value_term
 from jagent.transforms._registry import make
 from jagent.transforms._registry import register
 from jagent.transforms._registry import registered
+from jagent.transforms._registry import signature
 from jagent.transforms._stages import compute_bilevel_gae
 from jagent.transforms._stages import compute_dr_grpo
 from jagent.transforms._stages import compute_gae
@@ -114,6 +115,7 @@ __all__ = (
     "reinforce_pp",
     "rloo",
     "row_weights",
+    "signature",
     "starpo",
     "starpo_s",
     "stateless",

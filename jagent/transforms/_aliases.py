@@ -1,8 +1,8 @@
 """Named algorithms, each a chain of stages plus a sum of loss terms.
 
 Each alias registers itself (``@register(name)``) and declares what it reads
-(``Objective.needs``, derived from the loss terms it adds), so this module is
-the one place that lists them.
+(``Objective.needs``, derived from the loss terms it adds and from its
+advantage's baseline), so this module is the one place that lists them.
 
 Defaults follow RAGEN v1 (its ``config/base.yaml``) and verl (its
 ``trainer/config/ppo_trainer.yaml`` and ``trainer/ppo/core_algos.py``): RAGEN's
@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from jagent import losses
 from jagent.losses import _filters
 from jagent.transforms import _loss
 from jagent.transforms import _stages
@@ -43,6 +44,9 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Transform]] = {
 CRITIC_ESTIMATORS = ("gae", "bilevel_gae")
 """Estimators that need a critic (``Batch.values``, a value loss)."""
 
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "gigpo")
+"""Estimators whose baseline is the rollout's group (``ObjectiveNeeds.groups``)."""
+
 
 def make_advantage(name: str, **kwargs: Any) -> Transform:
   """The advantage stage named ``name`` (a key of ADVANTAGE_ESTIMATORS).
@@ -66,13 +70,17 @@ def make_advantage(name: str, **kwargs: Any) -> Transform:
 def _objective(stages, *, eps_low, eps_high, dual_clip, kl_coef, kl_estimator,
                entropy_coef, aggregation, value_coef=0.0, value_clip=0.5,
                critic=False, kl_in_reward=False, filter_config=None,
-               turn_weighting="episode"):
+               turn_weighting="episode", groups=False):
   """The clipped-surrogate objective over ``stages``, its needs from its terms.
 
   ``stages`` is a Transform, or with ``filter_config`` a function
   ``filter_config -> Transform``. ``kl_in_reward``: a stage reads
-  ``ref_logprobs`` (KL-in-reward) besides the loss's KL term.
+  ``ref_logprobs`` (KL-in-reward) besides the loss's KL term. ``groups``:
+  the advantage stage's baseline is the rollout's group.
   """
+  if kl_estimator not in losses.KL_ESTIMATORS:  # checked even when kl_coef drops the term
+    raise ValueError(f"kl_estimator must be one of {losses.KL_ESTIMATORS}; got "
+                     f"{kl_estimator!r}.")
   terms = [_loss.ppo_clip_term(eps_low, eps_high, dual_clip)]
   if kl_coef:
     terms.append(_loss.kl_term(kl_coef, kl_estimator))
@@ -82,7 +90,7 @@ def _objective(stages, *, eps_low, eps_high, dual_clip, kl_coef, kl_estimator,
     terms.append(_loss.value_term(value_coef, value_clip))
   needs = ObjectiveNeeds(critic=bool(critic),
                          reference=bool(kl_coef) or bool(kl_in_reward),
-                         entropy=bool(entropy_coef))
+                         entropy=bool(entropy_coef), groups=bool(groups))
   loss = _loss.make_loss(*terms, aggregation=aggregation,
                          turn_weighting=turn_weighting)
   return objective(stages, loss, needs=needs, filter_config=filter_config)
@@ -165,7 +173,7 @@ def grpo(*, eps: float = 1e-6, eps_low: float = 0.2, eps_high: float = 0.2,
       chain(_stages.compute_grpo(eps)), eps_low=eps_low, eps_high=eps_high,
       dual_clip=dual_clip, kl_coef=kl_coef, kl_estimator=kl_estimator,
       entropy_coef=entropy_coef, aggregation=aggregation,
-      turn_weighting=turn_weighting)
+      turn_weighting=turn_weighting, groups=True)
 
 
 @register("dr_grpo")
@@ -199,7 +207,7 @@ def dr_grpo(*, eps_low: float = 0.2, eps_high: float = 0.2,
       chain(_stages.compute_dr_grpo()), eps_low=eps_low, eps_high=eps_high,
       dual_clip=dual_clip, kl_coef=kl_coef, kl_estimator=kl_estimator,
       entropy_coef=entropy_coef, aggregation=aggregation,
-      turn_weighting=turn_weighting)
+      turn_weighting=turn_weighting, groups=True)
 
 
 @register("dapo")
@@ -243,7 +251,7 @@ def dapo(*, eps: float = 1e-6, eps_low: float = 0.2, eps_high: float = 0.28,
       chain(*stages), eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
       kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
       aggregation=aggregation,
-      turn_weighting=turn_weighting)
+      turn_weighting=turn_weighting, groups=True)
 
 
 @register("rloo")
@@ -276,7 +284,7 @@ def rloo(*, eps_low: float = 0.2, eps_high: float = 0.2,
       chain(_stages.compute_rloo()), eps_low=eps_low, eps_high=eps_high,
       dual_clip=dual_clip, kl_coef=kl_coef, kl_estimator=kl_estimator,
       entropy_coef=entropy_coef, aggregation=aggregation,
-      turn_weighting=turn_weighting)
+      turn_weighting=turn_weighting, groups=True)
 
 
 @register("reinforce_pp")
@@ -323,7 +331,7 @@ def reinforce_pp(*, gamma: float = 1.0, baseline: bool = False,
       chain(*stages), eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
       kl_coef=0.0, kl_estimator="k1", entropy_coef=entropy_coef,
       aggregation=aggregation, turn_weighting=turn_weighting,
-      kl_in_reward=bool(kl_reward_coef))
+      kl_in_reward=bool(kl_reward_coef), groups=baseline)
 
 
 @register("gigpo")
@@ -365,7 +373,7 @@ def gigpo(*, step_gamma: float = 0.95, step_weight: float = 1.0,
       stages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
       kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
       aggregation=aggregation,
-      turn_weighting=turn_weighting)
+      turn_weighting=turn_weighting, groups=True)
 
 
 def _advantage_stage(advantage, advantage_kwargs):
@@ -383,6 +391,11 @@ def _critic(advantage, critic):
   if critic is not None:
     return bool(critic)
   return isinstance(advantage, str) and advantage in CRITIC_ESTIMATORS
+
+
+def _groups(advantage):
+  # A custom Transform declares nothing: it is not assumed group-relative.
+  return isinstance(advantage, str) and advantage in GROUP_ESTIMATORS
 
 
 @register("starpo")
@@ -437,7 +450,7 @@ def starpo(*, advantage: str | Transform = "gae",
       kl_estimator=kl_estimator, entropy_coef=entropy_coef,
       aggregation=aggregation, turn_weighting=turn_weighting,
       value_coef=value_coef, value_clip=value_clip,
-      critic=_critic(advantage, critic))
+      critic=_critic(advantage, critic), groups=_groups(advantage))
 
 
 @register("starpo_s")
@@ -533,4 +546,5 @@ def starpo_s(*, advantage: str | Transform = "gae",
       kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
       aggregation=aggregation, turn_weighting=turn_weighting,
       value_coef=value_coef, value_clip=value_clip,
-      critic=_critic(advantage, critic), filter_config=filter_config)
+      critic=_critic(advantage, critic), filter_config=filter_config,
+      groups=_groups(advantage))

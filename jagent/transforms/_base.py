@@ -106,10 +106,14 @@ class ObjectiveNeeds(NamedTuple):
     reference: a frozen reference policy: ``Batch.ref_logprobs`` (a KL loss
       or KL-in-reward).
     entropy: ``ModelOutputs.entropy`` (an entropy bonus).
+    groups: several rollouts of each initial state (``Batch.group_size``
+      >= 2): the advantages compare the rollouts of a group (GRPO, RLOO,
+      GiGPO, ...), so with one rollout a group every advantage is 0.
   """
   critic: bool = False
   reference: bool = False
   entropy: bool = False
+  groups: bool = False
 
 
 class Objective(NamedTuple):

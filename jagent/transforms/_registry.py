@@ -75,6 +75,34 @@ def make(name: str, **kwargs: Any) -> Objective:
   return factory(**kwargs)
 
 
+def signature(name: str) -> inspect.Signature:
+  """The signature of the registered objective ``name``: its hyperparameters.
+
+  Annotations are evaluated (``eval_str``), so a config system can read
+  each keyword's default and type, e.g. to offer every hyperparameter as a
+  flag (``experiments.common.algorithm_kwargs``).
+
+  Args:
+    name: a registered name (see :func:`registered`).
+
+  Returns:
+    the ``inspect.Signature`` of the factory :func:`make` calls.
+
+  Raises:
+    ValueError: for an unknown name (the message lists the known ones).
+
+  Example::
+
+    >>> from jagent import transforms
+    >>> transforms.signature("grpo").parameters["kl_coef"].default
+    0.001
+  """
+  if name not in _REGISTRY:
+    raise ValueError(f"unknown objective {name!r}; registered: "
+                     f"{registered()}.")
+  return inspect.signature(_REGISTRY[name], eval_str=True)
+
+
 def registered() -> tuple[str, ...]:
   """The registered objective names, sorted."""
   return tuple(sorted(_REGISTRY))

@@ -1,6 +1,7 @@
 """experiments.common: validate's errors named as config fields; SFT rows in each history mode.
 
-ValidateTest builds no model and compiles nothing: validate only reads the config.
+ValidateTest, AlgorithmKwargsTest and ConfigFieldTest build no model and compile
+nothing: validate only reads the config.
 """
 
 from absl import app
@@ -8,11 +9,13 @@ from absl import flags
 from absl import logging
 from absl.testing import absltest
 from absl.testing import parameterized
+import ml_collections
 import numpy as np
 
 from experiments import common
 from experiments.configs import ragen
 from experiments.configs import tiny
+from jagent import transforms
 
 
 def _config(**changes):
@@ -37,21 +40,190 @@ class ValidateTest(parameterized.TestCase):
       ("rl.num_minibatches", 0, "TrainConfig"),
       ("rl.num_microbatches", 0, "TrainConfig"),
       ("rl.old_logprobs", "cached", "TrainConfig"),
+      ("rl.weight_decay", -0.1, "OptimizerConfig"),
+      ("rl.max_grad_norm", 0.0, "OptimizerConfig"),
+      ("rollout.num_groups", 0, "RolloutConfig"),
       ("rollout.group_size", 0, "RolloutConfig"),
       ("rollout.max_turns", -2, "RolloutConfig"),
-      ("rollout.temperature", -1.0, "SamplingConfig"),
+      ("rollout.max_tokens_per_turn", 0, "RolloutConfig"),
+      ("rollout.max_actions_per_traj", 0, "RolloutConfig"),
+      ("rollout.history_turns", -2, "RolloutConfig"),
       ("eval.num_groups", 0, "RolloutConfig"),
-      ("eval.temperature", 0.0, "SamplingConfig"),
       ("sft.learning_rate", 0.0, "OptimizerConfig"),
+      ("sft.warmup_steps", -1, "OptimizerConfig"),
+      ("rl.filter_mode", "top_half", "FilterConfig"),
+      ("rl.include_zero", None, "FilterConfig"),
+      ("prompt.max_actions_per_turn", 0, "PromptConfig"),
   )
   def test_reraises_the_dataclass_error_naming_the_field(self, field, value, owner):
-    with self.assertRaisesRegex(ValueError, rf"^config\.{field}={value!r}: ") as cm:
+    with self.assertRaisesRegex(common.ConfigError, rf"^config\.{field}={value!r}: ") as cm:
       common.validate(_config(**{field: value}))
     # The dataclass's own error, chained: validate does not re-check by hand.
     self.assertIsInstance(cm.exception.__cause__, ValueError)
     self.assertTrue(str(cm.exception.__cause__).startswith(owner), cm.exception.__cause__)
     self.assertEqual(str(cm.exception).partition(": ")[2],
                      str(cm.exception.__cause__).partition(": ")[2])
+    self.assertNotIn(owner, str(cm.exception))  # the user's terms only
+
+  @parameterized.parameters(
+      # The dataclass says "(use greedy=True for argmax)": neither config block has
+      # a greedy field that would make the rollout greedy.
+      ("rollout.temperature", 0.0, "(the train rollout samples; greedy evaluation is "
+       "config.eval.greedy)"),
+      ("rollout.temperature", float("inf"), "(the train rollout samples; greedy "
+       "evaluation is config.eval.greedy)"),
+      ("eval.temperature", -1.0, "(config.eval.greedy=True adds a greedy evaluation)"),
+  )
+  def test_temperature_says_what_to_set_in_the_config(self, field, value, hint):
+    with self.assertRaises(common.ConfigError) as cm:
+      common.validate(_config(**{field: value}))
+    self.assertEqual(str(cm.exception),
+                     f"config.{field}={value!r}: must be a positive finite float {hint}")
+    self.assertIn("greedy=True for argmax", str(cm.exception.__cause__))
+
+  def test_prompt_fields_are_named(self):
+    with self.assertRaisesRegex(
+        common.ConfigError, r"^config\.prompt\.first_turn='\{board\}\\n': uses \{board\}; "
+        r"allowed fields"):
+      common.validate(_config(**{"prompt.first_turn": "{board}\n"}))
+    with self.assertRaisesRegex(
+        common.ConfigError, r"^config\.prompt\.chat_template='chat_ml': unknown; known: "
+        r"\['chatml', 'llama3', 'plain'\]"):
+      common.validate(_config(**{"prompt.chat_template": "chat_ml"}))
+
+  @parameterized.parameters("rl.steps", "sft.steps", "eval.every", "eval.samples")
+  def test_counts_are_ints_at_least_0(self, field):
+    # rl.steps=-5 used to train 0 steps and exit 0.
+    with self.assertRaisesRegex(common.ConfigError, rf"^config\.{field}=-5: must be an int >= 0$"):
+      common.validate(_config(**{field: -5}))
+    common.validate(_config(**{field: 0}))
+
+  def test_group_relative_objectives_reject_groups_of_one(self):
+    # Hand list: a baseline taken from the group (GRPO, Dr.GRPO, RLOO, DAPO,
+    # GiGPO; StarPO(-S) with the tiny config's advantage="grpo") makes every
+    # advantage 0 with one rollout a group; GAE and REINFORCE++ have their own.
+    group_relative = {"grpo", "dr_grpo", "rloo", "dapo", "gigpo", "starpo", "starpo_s"}
+    for algorithm in transforms.registered():
+      c = tiny.get_config(f"Bandit-v0,{algorithm}")
+      c.rollout.group_size = 1
+      with self.subTest(algorithm):
+        if algorithm in group_relative:
+          with self.assertRaisesRegex(
+              common.ConfigError, rf"^config\.rollout\.group_size=1: the objective "
+              rf"'{algorithm}' compares the rollouts of a group, .* set "
+              r"config\.rollout\.group_size >= 2$"):
+            common.validate(c)
+        else:
+          common.validate(c)
+    c = tiny.get_config("Bandit-v0,starpo_s")
+    c.rollout.group_size = 1
+    c.algorithm_kwargs.advantage = "gae"  # a critic's baseline
+    c.algorithm_kwargs.advantage_kwargs = {}
+    common.validate(c)
+
+
+class AlgorithmKwargsTest(parameterized.TestCase):
+  """config.algorithm_kwargs: every hyperparameter, its errors named."""
+
+  def test_objective_errors_name_the_key_to_blame(self):
+    cases = [
+        ("entropy_coef", -1.0, r"coef must lie in \[0\.0, inf\]"),
+        ("eps_low", -0.1, r"eps_low must lie in \[0\.0, 1\.0\)"),
+        ("dual_clip", 0.5, r"dual_clip must lie in \(1\.0, inf\]"),
+        ("aggregation", "mean", r"aggregation must be one of"),
+        # kl_coef is 0 in the tiny config: the estimator is checked all the same.
+        ("kl_estimator", "k9", r"kl_estimator must be one of"),
+    ]
+    for key, value, why in cases:
+      with self.subTest(key):
+        with self.assertRaisesRegex(
+            common.ConfigError, rf"^config\.algorithm_kwargs\.{key}={value!r}: {why}"):
+          common.validate(_config(**{f"algorithm_kwargs.{key}": value}))
+
+  def test_unknown_keys_name_the_known_ones(self):
+    c = _config()
+    c.algorithm_kwargs.entropy = 0.01
+    with self.assertRaisesRegex(
+        common.ConfigError, r"^config\.algorithm_kwargs\.entropy=0\.01: not a hyperparameter "
+        r"of the objective 'starpo_s' \(closest: entropy_coef\); its hyperparameters: "
+        r"\['advantage', 'advantage_kwargs', 'aggregation', 'critic', 'dual_clip', "
+        r"'entropy_coef', 'eps_high', 'eps_low', 'kl_coef', 'kl_estimator', "
+        r"'turn_weighting', 'value_clip', 'value_coef'\]"):
+      common.validate(c)
+    # --config.algorithm=grpo on a starpo_s config file: its keys are StarPO-S's.
+    c = _config(algorithm="grpo")
+    with self.assertRaisesRegex(common.ConfigError,
+                                r"^config\.algorithm_kwargs\.advantage='grpo': not a "
+                                r"hyperparameter of the objective 'grpo'.*--config=<file>:"):
+      common.validate(c)
+
+  def test_advantage_and_its_kwargs(self):
+    with self.assertRaisesRegex(common.ConfigError,
+                                r"^config\.algorithm_kwargs\.advantage='gea': unknown; known: "):
+      common.validate(_config(**{"algorithm_kwargs.advantage": "gea"}))
+    # The advantage alone switches the estimator (its own defaults)...
+    for advantage in ("gigpo", "gae"):
+      c = _config(**{"algorithm_kwargs.advantage": advantage})
+      common.validate(c)
+      self.assertEqual(common.objective(c).needs.critic, advantage == "gae")
+    # ...whose hyperparameters are a dict, checked against its signature.
+    c.algorithm_kwargs.advantage_kwargs = {"lambda_": 0.95}
+    common.validate(c)
+    self.assertEqual(common.objective_kwargs(c)["advantage_kwargs"], {"lambda_": 0.95})
+    c.algorithm_kwargs.advantage_kwargs = {"eps": 1e-5}
+    with self.assertRaisesRegex(
+        common.ConfigError, r"^config\.algorithm_kwargs\.advantage_kwargs\.eps=1e-05: not a "
+        r"hyperparameter of the advantage 'gae'; its hyperparameters: \['gamma', 'lambda_', "
+        r"'whiten'\]$"):
+      common.validate(c)
+    c = _config()
+    c.algorithm_kwargs.advantage_kwargs = {"eps": -1.0}
+    with self.assertRaisesRegex(common.ConfigError,
+                                r"^config\.algorithm_kwargs\.advantage_kwargs=\{'eps': -1\.0\}: "
+                                r"eps must lie in"):
+      common.validate(c)
+
+  def test_the_run_sets_the_filter(self):
+    with self.assertRaisesRegex(common.ConfigError,
+                                r"^config\.algorithm_kwargs\.filter_config=0\.25: the run sets "
+                                r"it: config\.rl\.filter_mode, config\.rl\.filter_value"):
+      common.algorithm_kwargs("starpo_s", filter_config=0.25)
+
+  def test_configs_saved_with_fewer_keys_stay_valid(self):
+    c = _config()
+    c.algorithm_kwargs = ml_collections.ConfigDict({"kl_coef": 0.0, "advantage": "grpo"})
+    common.validate(c)
+    self.assertEqual(common.objective_kwargs(c), {"kl_coef": 0.0, "advantage": "grpo"})
+
+
+class ConfigFieldTest(absltest.TestCase):
+
+  def test_closest_fields(self):
+    c = _config()
+    self.assertEqual(common.config_field(c, "rl.learning_rate"), 1e-4)
+    cases = {
+        # The field's own group first.
+        "rl.lr": "closest: config.rl.learning_rate, config.rl.critic_learning_rate, "
+                 "config.sft.learning_rate",
+        "rollout.temprature": "closest: config.rollout.temperature, config.eval.temperature",
+        "rollout.greedy": "closest: config.eval.greedy",
+        "rollouts.group_size": "closest: config.rollout, config.lora.dropout",
+        "algorithm_kwargs.entropy": "closest: config.algorithm_kwargs.entropy_coef, "
+                                    "config.diagnostics.min_entropy",
+    }
+    for path, near in cases.items():
+      with self.subTest(path):
+        first = path.split(".")[0] if path.startswith("rollouts") else path
+        with self.assertRaises(common.ConfigError) as cm:
+          common.config_field(c, path)
+        self.assertEqual(str(cm.exception), f"the config has no field config.{first}; {near}")
+    with self.assertRaisesRegex(common.ConfigError,
+                                r"^the config has no field config\.rl\.zzz; config\.rl has: "
+                                r"critic, critic_learning_rate, decay, "):
+      common.config_field(c, "rl.zzz")
+    with self.assertRaisesRegex(common.ConfigError,
+                                r"^config\.rl\.steps is a value, not a group of fields"):
+      common.config_field(c, "rl.steps.x")
 
   def test_cross_field_checks_stay(self):
     with self.assertRaisesRegex(ValueError, r"^config\.rl\.num_minibatches=3: does not divide"):

@@ -3,6 +3,7 @@
 from absl import flags
 from absl.testing import absltest
 
+from experiments import common
 from experiments import compare
 from experiments.configs import tiny
 
@@ -34,7 +35,10 @@ class CompareTest(absltest.TestCase):
 
   def test_bad_overrides_name_the_item(self):
     c = tiny.get_config("Bandit-v0,grpo")
-    with self.assertRaisesRegex(ValueError, r"--set='rl\.stepz=3'.*no field 'rl\.stepz'"):
+    with self.assertRaisesRegex(
+        common.ConfigError,
+        r"^--set='rl\.stepz=3': the config has no field config\.rl\.stepz; closest: "
+        r"config\.rl\.steps, config\.sft\.steps$"):
       compare.apply_overrides(c, "Bandit-v0", ["rl.stepz=3"])
     with self.assertRaisesRegex(ValueError, r"--set='rl\.steps'"):
       compare.apply_overrides(c, "Bandit-v0", ["rl.steps"])

@@ -1,5 +1,7 @@
 """Every tiny config (registered env x registered algorithm) is valid and fits its replies."""
 
+import json
+
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -20,7 +22,7 @@ class TinyConfigsTest(parameterized.TestCase):
     for algorithm in transforms.registered():
       c = tiny.get_config(f"{env_id},{algorithm}")
       common.validate(c)
-      transforms.make(algorithm, **dict(c.algorithm_kwargs))
+      transforms.make(algorithm, **common.objective_kwargs(c))
 
   @parameterized.parameters(*sorted(envs_jax.registered()))
   def test_expert_answers_fit_a_turn(self, env_id):
@@ -37,6 +39,57 @@ class TinyConfigsTest(parameterized.TestCase):
     self.assertEqual((c.env, c.algorithm), ("Sokoban-6x6-1box-v0", "starpo_s"))
     self.assertGreaterEqual(c.eval.num_levels, 128)
 
+  def test_a_bad_argument_names_itself_and_the_known_names(self):
+    where = r"config argument '{}' \(<env id>,<algorithm> after the config file's ':'\): "
+    with self.assertRaisesRegex(
+        common.ConfigError, "^" + where.format("CartPole-v1,grpo") + "unknown environment "
+        "'CartPole-v1'; registered: " + ", ".join(sorted(envs_jax.registered())) + "$"):
+      tiny.get_config("CartPole-v1,grpo")
+    with self.assertRaisesRegex(
+        common.ConfigError, "^" + where.format("Bandit-v0,grpo2") + "unknown algorithm "
+        "'grpo2'; registered: " + ", ".join(transforms.registered()) + "$"):
+      tiny.get_config("Bandit-v0,grpo2")
+    with self.assertRaisesRegex(common.ConfigError,
+                                "^" + where.format("Bandit-v0") + "expected two names separated "
+                                "by a comma, e.g. 'Sokoban-6x6-1box-v0,starpo_s'$"):
+      tiny.get_config("Bandit-v0")
+    with self.assertRaisesRegex(common.ConfigError, r"unknown environment 'Sokoban-6x6-v0' "
+                                r"\(closest: Sokoban-6x6-1box-v0, "):
+      ragen.get_config("Sokoban-6x6-v0,starpo_s")
+
+  def test_algorithm_kwargs_list_every_hyperparameter(self):
+    # Each objective's keywords (hand lists from jagent/transforms/_aliases.py),
+    # the tiny config's own values where it sets one (kl_coef 0; StarPO: GRPO
+    # advantages, seq-mean-token-mean); filter_config is the run's (rl.filter_*).
+    loss = {"eps_low", "eps_high", "dual_clip", "entropy_coef", "aggregation",
+            "turn_weighting"}
+    kl = {"kl_coef", "kl_estimator"}
+    starpo = loss | kl | {"advantage", "advantage_kwargs", "critic", "value_coef",
+                          "value_clip"}
+    want = {
+        "ppo": loss | kl | {"gamma", "lambda_", "whiten", "value_coef", "value_clip"},
+        "grpo": loss | kl | {"eps"}, "dr_grpo": loss | kl, "rloo": loss | kl,
+        "dapo": loss | kl | {"eps", "dynamic_sampling"},
+        "gigpo": loss | kl | {"step_gamma", "step_weight", "normalize_std"},
+        "reinforce_pp": loss | {"gamma", "baseline", "kl_reward_coef", "kl_reward_estimator"},
+        "starpo": starpo, "starpo_s": starpo}
+    self.assertEqual(set(want), set(transforms.registered()))
+    for algorithm, keys in want.items():
+      with self.subTest(algorithm):
+        kw = tiny.get_config(f"Bandit-v0,{algorithm}").algorithm_kwargs
+        self.assertEqual(set(kw.keys()), keys)
+        if algorithm != "reinforce_pp":
+          self.assertEqual(kw.kl_coef, 0.0)
+    kw = tiny.get_config("Bandit-v0,starpo_s").algorithm_kwargs.to_dict()
+    self.assertEqual(kw, {
+        "advantage": "grpo", "advantage_kwargs": {},
+        "critic": None, "eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0, "kl_coef": 0.0,
+        "kl_estimator": "k3", "entropy_coef": 0.001, "value_coef": 1.0, "value_clip": 0.5,
+        "aggregation": "seq-mean-token-mean", "turn_weighting": "episode"})
+    # The defaults are in the written config.json (critic: null until set).
+    written = json.loads(tiny.get_config().to_json_best_effort())["algorithm_kwargs"]
+    self.assertEqual((written["entropy_coef"], written["critic"]), (0.001, None))
+
 
 class RagenConfigsTest(parameterized.TestCase):
   """RAGEN-scale configs: RAGEN v1's values, validated without any weights."""
@@ -47,10 +100,17 @@ class RagenConfigsTest(parameterized.TestCase):
       c = ragen.get_config(f"{env_id},{algorithm}")
       c.model_dir = "/models/Qwen2.5-0.5B-Instruct"  # never read by validate
       common.validate(c)
-      transforms.make(algorithm, **dict(c.algorithm_kwargs))
+      transforms.make(algorithm, **common.objective_kwargs(c))
 
   def test_ragen_v1_values(self):
     c = ragen.get_config("Sokoban-6x6-1box-v0,starpo_s")
+    # The objectives' own defaults: RAGEN's (GAE, no KL, clip-higher 0.28,
+    # entropy 0.001).
+    self.assertEqual(c.algorithm_kwargs.to_dict(), {
+        "advantage": "gae", "advantage_kwargs": {},
+        "critic": None, "eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0, "kl_coef": 0.0,
+        "kl_estimator": "k3", "entropy_coef": 0.001, "value_coef": 1.0, "value_clip": 0.5,
+        "aggregation": "token-mean", "turn_weighting": "episode"})
     self.assertEqual((c.rollout.num_groups, c.rollout.group_size), (8, 16))
     self.assertEqual((c.rl.learning_rate, c.rl.critic_learning_rate), (1e-6, 1e-5))
     self.assertEqual((c.rl.filter_value, c.rl.weight_decay, c.rl.critic), (0.25, 0.01, "model"))

@@ -157,7 +157,8 @@ class SweepSpecTest(absltest.TestCase):
   def test_bad_specs_fail_before_anything_compiles(self):
     cases = [
         ("rl.learning_rate", "no value", "expected <field>="),
-        ("rl.learning_rat=1e-3", "missing field", "has no field 'rl.learning_rat'"),
+        ("rl.learning_rat=1e-3", "missing field",
+         r"has no field config\.rl\.learning_rat; closest: config\.rl\.learning_rate, "),
         ("rollout.num_groups=4,8", "static field", "cannot be vmapped"),
         ("rl.learning_rate=1e-3,fast", "not a float", "'fast' is not a float"),
         ("rl.learning_rate=1e-3,-1e-3", "not positive", "positive finite"),

@@ -515,7 +515,7 @@ class TrainTest(absltest.TestCase):
       with flagsaver.flagsaver(workdir=self.workdir, env=None, num_levels=None,
                                temperature=None, greedy=False, episodes_per_level=1):
         eval_job.main(["eval"])
-    with open(os.path.join(self.workdir, "eval_Bandit-v0.json")) as f:
+    with open(os.path.join(self.workdir, "eval_Bandit-v0_t0.5_32levels.json")) as f:
       same = json.load(f)
     # The run's levels, temperature and G = 1: the training job's final evaluation.
     self.assertEqual((same["env"], same["train_env"], same["checkpoint_step"]),
@@ -528,7 +528,8 @@ class TrainTest(absltest.TestCase):
     # Generalisation: the test arm names (Trader/Librarian), 4 samples per level.
     other = eval_job.evaluate_run(self.workdir, env="BanditTest-v0", num_levels=8,
                                   group_size=4, temperature=1.0)
-    self.assertEqual(other["output"], os.path.join(self.workdir, "eval_BanditTest-v0.json"))
+    self.assertEqual(other["output"], os.path.join(
+        self.workdir, "eval_BanditTest-v0_t1_8levels_G4_legend.json"))
     with open(other["output"]) as f:
       written = json.load(f)
     self.assertEqual(written["samples"], other["samples"])

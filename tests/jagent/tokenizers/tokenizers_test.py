@@ -2,8 +2,11 @@
 
 import importlib.util
 import json
+import os
 import pathlib
 import random
+import shutil
+import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -17,6 +20,7 @@ from jagent import tokenizers
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 HF_DIR = ROOT / "tests" / "fixtures" / "hf_tokenizer"
 HAVE_TOKENIZERS = importlib.util.find_spec("tokenizers") is not None
+HAVE_JINJA = importlib.util.find_spec("jinja2") is not None
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
 TINY = tokenizers.load_tiny_tokenizer()
 
@@ -156,6 +160,138 @@ class HFTokenizerTest(absltest.TestCase):
   def test_bad_special_token(self):
     with self.assertRaisesRegex(ValueError, "eos_token '<nope>' is not a token"):
       tokenizers.HFTokenizer(str(HF_DIR), eos="<nope>")
+
+
+# Conversations over every role, for the chat templates.
+_CHATS = (
+    [{"role": "user", "content": "Turn 1:\n#_P#"}],
+    [{"role": "system", "content": "You play Sokoban."},
+     {"role": "user", "content": "#__#\n#PX#"},
+     {"role": "assistant", "content": "<answer>Up</answer>"},
+     {"role": "user", "content": "Reward:\n-0.1\n"}],
+)
+
+
+def _exported_tiny():
+  """The tiny tokenizer written as Hugging Face files and loaded back (HFTokenizer)."""
+  tmp = tempfile.mkdtemp(prefix="hf_tiny_")
+  paths = TINY.save_pretrained(tmp)
+  return tmp, paths, tokenizers.HFTokenizer(tmp)
+
+
+@absltest.skipUnless(HAVE_TOKENIZERS and HAVE_JINJA, "needs 'tokenizers' and 'jinja2'")
+class HFFilesTest(absltest.TestCase):
+  """``Tokenizer.hf_files`` / ``save_pretrained``: the Hugging Face form of a tokenizer."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.dir, cls.paths, cls.exported = _exported_tiny()
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.dir, ignore_errors=True)
+    super().tearDownClass()
+
+  def test_jinja_templates_render_like_the_python_ones(self):
+    # HFTokenizer renders a tokenizer_config.json template with jinja2 as
+    # transformers does (trim_blocks, lstrip_blocks).
+    for name, template in tokenizers.CHAT_TEMPLATES_JINJA.items():
+      with tempfile.TemporaryDirectory() as tmp:
+        TINY.save_pretrained(tmp, chat_template=name)
+        tok = tokenizers.HFTokenizer(tmp)
+        with open(os.path.join(tmp, "tokenizer_config.json")) as f:
+          self.assertEqual(json.load(f)["chat_template"], template)
+        for msgs in _CHATS:
+          for gen in (True, False):
+            self.assertEqual(tok.apply_chat_template(msgs, gen),
+                             tokenizers.CHAT_TEMPLATES[name](msgs, gen), (name, msgs, gen))
+
+  def test_files_and_special_tokens(self):
+    self.assertEqual(sorted(os.path.basename(p) for p in self.paths),
+                     ["tokenizer.json", "tokenizer_config.json"])
+    with open(os.path.join(self.dir, "tokenizer_config.json")) as f:
+      config = json.load(f)
+    self.assertEqual(
+        {k: config[k] for k in ("tokenizer_class", "bos_token", "eos_token", "pad_token",
+                                "unk_token", "clean_up_tokenization_spaces")},
+        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None,
+         "eos_token": "<|im_end|>", "pad_token": "<pad>", "unk_token": "<unk>",
+         "clean_up_tokenization_spaces": False})
+    self.assertEqual(config["chat_template"], tokenizers.CHAT_TEMPLATES_JINJA["chatml"])
+    tok = self.exported
+    self.assertEqual((tok.vocab_size, tok.eos_id, tok.pad_id, tok.bos_id),
+                     (TINY.vocab_size, TINY.eos_id, TINY.pad_id, TINY.bos_id))
+    self.assertEqual(tok.special_tokens, TINY.special_tokens)
+    for msgs in _CHATS:
+      self.assertEqual(tok.encode_chat(msgs), TINY.encode_chat(msgs))
+
+  def test_encodes_and_decodes_like_sentencepiece(self):
+    from experiments import make_tiny_tokenizer  # pylint: disable=g-import-not-at-top
+    # The tokenizers library's own encoder on the file, not HFTokenizer's wrapping.
+    import tokenizers as hf_tokenizers  # pylint: disable=g-import-not-at-top
+    backend = hf_tokenizers.Tokenizer.from_file(os.path.join(self.dir, "tokenizer.json"))
+    rng = random.Random(0)
+    alphabet = [chr(c) for c in range(32, 127)] + list("\n\n\t\r  √éü€漢😀")
+    texts = make_tiny_tokenizer.corpus(seed=1, n=300) + [
+        "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(300)]
+    for text in texts:
+      want = TINY.encode(text)
+      self.assertEqual(backend.encode(text, add_special_tokens=False).ids, want, repr(text))
+      self.assertEqual(backend.decode(want, skip_special_tokens=False), text, repr(text))
+
+  @hypothesis.settings(max_examples=60, deadline=None)
+  @hypothesis.given(TEXT)
+  def test_any_text_encodes_like_sentencepiece(self, text):
+    hypothesis.assume("\u2581" not in text)  # sentencepiece reads U+2581 as a space
+    self.assertEqual(self.exported.encode(text), TINY.encode(text))
+
+  def test_token_bytes_agree_on_every_id_sentencepiece_writes(self):
+    # Ids sentencepiece never writes differ: pad/unk (no bytes in ours, their
+    # text in a tokenizer.json) and the byte pieces of bytes that have a piece
+    # of their own ("e": piece 'e', never <0x65>).
+    ours, ours_len = TINY.token_bytes()
+    theirs, theirs_len = self.exported.token_bytes()
+    sp = TINY.processor
+    single = {sp.id_to_piece(i).encode() for i in range(TINY.vocab_size)
+              if not sp.is_byte(i) and len(sp.id_to_piece(i).encode()) == 1}
+    differ = []
+    for i in range(TINY.vocab_size):
+      if ours[i, :ours_len[i]].tobytes() != theirs[i, :theirs_len[i]].tobytes():
+        differ.append(i)
+    written = [i for i in differ if not (sp.is_control(i) or sp.is_unknown(i) or (
+        sp.is_byte(i) and bytes([int(sp.id_to_piece(i)[3:5], 16)]) in single | {b" "}))]
+    self.assertEqual(written, [])
+    self.assertGreater(len(differ), 2)  # the unwritten byte pieces are there
+
+  def test_hf_tokenizer_round_trip(self):
+    ref = json.loads((HF_DIR / "reference.json").read_text())
+    tok = tokenizers.HFTokenizer(str(HF_DIR))
+    with tempfile.TemporaryDirectory() as tmp:
+      tok.save_pretrained(tmp)
+      again = tokenizers.HFTokenizer(tmp)
+      with open(os.path.join(tmp, "tokenizer_config.json")) as f:
+        config = json.load(f)
+    self.assertEqual(config["model_max_length"], 4096)  # the directory's own settings kept
+    self.assertEqual((again.eos_id, again.pad_id, again.bos_id),
+                     (tok.eos_id, tok.pad_id, tok.bos_id))
+    for text, ids in zip(ref["texts"], ref["ids"]):
+      self.assertEqual(again.encode(text), ids)
+    self.assertEqual(again.apply_chat_template(ref["messages"]), ref["chat"])
+
+  def test_bad_templates_and_models(self):
+    with self.assertRaisesRegex(ValueError, "unknown chat_template 'zephyr'"):
+      TINY.hf_files("zephyr")
+    custom = tokenizers.SentencePieceTokenizer(
+        tokenizers.tiny_tokenizer_path(), chat_template=tokenizers.plain_template)
+    with self.assertRaisesRegex(ValueError, "Python callable with no Jinja source"):
+      custom.hf_files()
+    self.assertIn("tokenizer.json", custom.hf_files("plain"))
+    lines = [f"line {i} with some words {i * 7}" for i in range(400)]
+    no_bytes = tokenizers.SentencePieceTokenizer(tokenizers.train_sentencepiece(
+        lines, vocab_size=50, user_defined_symbols=(), byte_fallback=False))
+    with self.assertRaisesRegex(ValueError, "trainer_spec.byte_fallback=False"):
+      no_bytes.hf_files("chatml")
 
 
 if __name__ == "__main__":

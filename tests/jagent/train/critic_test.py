@@ -72,16 +72,16 @@ class CriticTest(chex.TestCase):
       train.init_critic(CFG, jax.random.key(0), kind="shared")
 
   def test_objective_needs(self):
-    # (critic, reference, entropy)
-    self.assertEqual(train.objective_needs("ppo"), (True, False, True))
-    self.assertEqual(train.objective_needs("starpo_s"), (True, False, True))
+    # (critic, reference, entropy, groups)
+    self.assertEqual(train.objective_needs("ppo"), (True, False, True, False))
+    self.assertEqual(train.objective_needs("starpo_s"), (True, False, True, False))
     self.assertEqual(train.objective_needs("starpo_s", advantage="grpo"),
-                     (False, False, True))
-    self.assertEqual(train.objective_needs("starpo"), (True, True, True))
+                     (False, False, True, True))
+    self.assertEqual(train.objective_needs("starpo"), (True, True, True, False))
     self.assertEqual(train.objective_needs("starpo", kl_coef=0.0,
-                                           critic=False), (False, False, True))
-    self.assertEqual(train.objective_needs("reinforce_pp"), (False, True, False))
-    self.assertEqual(train.objective_needs("dapo"), (False, False, False))
+                                           critic=False), (False, False, True, False))
+    self.assertEqual(train.objective_needs("reinforce_pp"), (False, True, False, False))
+    self.assertEqual(train.objective_needs("dapo"), (False, False, False, True))
     with self.assertRaisesRegex(ValueError, "unknown objective 'my_algo'"):
       train.objective_needs("my_algo")
     with self.assertRaisesRegex(ValueError, "ppo"):

@@ -178,7 +178,8 @@ class TrainStepTest(chex.TestCase):
     # probability mass to token 10.
     obj = transforms.grpo()
     needs = train.objective_needs("grpo")
-    self.assertEqual(needs, train.ObjectiveNeeds(critic=False, reference=True, entropy=True))
+    self.assertEqual(needs, train.ObjectiveNeeds(critic=False, reference=True, entropy=True,
+                                                 groups=True))
     cfg = TC.replace(ppo_epochs=1, num_minibatches=1, num_microbatches=1,
                      actor_optimizer=train.OptimizerConfig(learning_rate=1e-2))
     prompt = jnp.array([5, 6, 7], jnp.int32)

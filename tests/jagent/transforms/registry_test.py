@@ -76,15 +76,30 @@ class DeclaredNeedsTest(parameterized.TestCase):
     # The value loss is there iff a critic is declared.
     prepared, _ = obj.update(batch, obj.init(batch))
     self.assertEqual("loss/value" in obj.loss(_OUTPUTS, prepared).metrics, needs.critic)
+    # A group baseline is declared iff with one rollout a group no kept row has
+    # a nonzero advantage (the filter keeps every group here; DAPO's dynamic
+    # sampling still drops them all).
+    if obj.filter_config is not None:
+      obj = obj.with_filter(losses.FilterConfig("top_fraction", 1.0, include_zero=True))
+    single = batch.replace(group_size=1)
+    got, _ = jax.jit(obj.update)(single, obj.init(single))  # one compile: faster than eager
+    keep = np.ones(4, bool) if got.keep is None else np.asarray(got.keep)
+    trained = np.asarray(got.advantages)[keep] * _MASK[keep]
+    self.assertEqual(needs.groups, not np.any(trained != 0), "groups")
 
   def test_known_needs(self):
-    want = {  # (critic, reference, entropy) at the aliases' defaults
-        "ppo": (True, False, True), "grpo": (False, True, True),
-        "dr_grpo": (False, False, False), "dapo": (False, False, False),
-        "rloo": (False, False, False), "reinforce_pp": (False, True, False),
-        "gigpo": (False, True, False), "starpo": (True, True, True),
-        "starpo_s": (True, False, True)}
+    want = {  # (critic, reference, entropy, groups) at the aliases' defaults
+        "ppo": (True, False, True, False), "grpo": (False, True, True, True),
+        "dr_grpo": (False, False, False, True), "dapo": (False, False, False, True),
+        "rloo": (False, False, False, True), "reinforce_pp": (False, True, False, False),
+        "gigpo": (False, True, False, True), "starpo": (True, True, True, False),
+        "starpo_s": (True, False, True, False)}
     self.assertEqual({n: tuple(transforms.make(n).needs) for n in want}, want)
+    # REINFORCE++-baseline's baseline is the group mean; a custom advantage
+    # Transform declares nothing.
+    self.assertTrue(transforms.make("reinforce_pp", baseline=True).needs.groups)
+    self.assertFalse(transforms.make(
+        "starpo", advantage=transforms.compute_grpo()).needs.groups)
 
   @parameterized.parameters(*transforms.registered())
   def test_no_builtin_applies_the_format_penalty(self, name):
@@ -114,6 +129,15 @@ class RegistrationTest(absltest.TestCase):
                                      if isinstance(n, ast.ImportFrom)}
     self.assertNotIn("_aliases", imported)
     self.assertNotIn("jagent.transforms._aliases", imported)
+
+  def test_signature_is_the_factorys_with_types(self):
+    sig = transforms.signature("starpo_s")
+    self.assertEqual(sig, inspect.signature(_aliases.starpo_s, eval_str=True))
+    p = sig.parameters
+    self.assertEqual((p["eps_high"].default, p["kl_coef"].default), (0.28, 0.0))
+    self.assertEqual(p["critic"].annotation, bool | None)  # evaluated, not a string
+    with self.assertRaisesRegex(ValueError, r"unknown objective 'grpo2'; registered: "):
+      transforms.signature("grpo2")
 
   def test_decorator_registers_a_new_objective(self):
     name = "registry_test_pg"

@@ -1,0 +1,332 @@
+"""The 2x2 Rubik's cube (pocket cube) in pure JAX: RAGEN-2's ``RubiksCube-2x2-v0``.
+
+Id (registered on import): ``RubiksCube-2x2-v0``: a solved cube scrambled by
+``params.scramble_depth`` (5) uniformly random quarter turns, solved within
+``max_steps`` (20) moves; the env counts the steps itself because RAGEN's
+text shows them ("Step: 3/20"). RAGEN's ``config/envs.yaml`` tag
+``rubikscube`` scrambles only 1 move: ``params.replace(scramble_depth=1)``.
+
+Stickers (RAGEN's ``ragen/env/rubikscube``): 24 ints, face ``f`` holds
+stickers ``4f .. 4f+3`` in reading order, faces in the order
+Up, Left, Front, Right, Back, Down, each seen from outside with the usual
+cube net: U with Back at the top and Left on the left, D with Front at the
+top and Left on the left, the four side faces with Up at the top (L with
+Back on its left, F with Left, R with Front, B with Right). A solved face
+``f`` has colour ``f``: W(hite), O(range), G(reen), R(ed), B(lue), Y(ellow).
+
+Moves are derived here from the geometry (a quarter turn rotates the
+stickers of one layer by 90 degrees about the face's axis, clockwise as seen
+looking at that face), so every move keeps each corner's three stickers
+together. RAGEN's U, D, L, R, F are these exact permutations; its B is not a
+cube move (``_move_B`` carries the Down strip to the Right face and the Left
+strip to the Down face with their two stickers swapped, splitting corners),
+so RAGEN's B-scrambled cubes are not real cube states; we do not copy that.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from envs_jax._src import environment
+from envs_jax._src import registration
+
+# Faces in RAGEN's sticker order, and the colour letter of each (solved) face.
+FACES = ("Up", "Left", "Front", "Right", "Back", "Down")
+COLORS = ("W", "O", "G", "R", "B", "Y")
+# Actions 0..11 (RAGEN numbers them 1..12 in this order); X' = X inverse.
+ACTION_NAMES = ("U", "U'", "D", "D'", "L", "L'", "R", "R'", "F", "F'", "B", "B'")
+SCRAMBLE_DEPTH = 5  # RAGEN's RubiksCube2x2Config.scramble_depth
+MAX_STEPS = 20  # RAGEN's max_steps (and envs.yaml max_actions_per_traj)
+
+# (outward normal, row direction top->bottom, column direction left->right)
+# of each face in FACES order, in x = Right, y = Up, z = Front coordinates.
+_AXES = np.eye(3, dtype=np.int64)
+_X, _Y, _Z = _AXES
+_FACE_FRAMES = ((_Y, _Z, _X), (-_X, -_Y, _Z), (_Z, -_Y, _X),
+                (_X, -_Y, -_Z), (-_Z, -_Y, -_X), (-_Y, -_Z, _X))
+
+
+def _sticker_geometry() -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+  """(cubie position in {-1, 1}^3, outward normal) of each of the 24 stickers."""
+  out = []
+  for normal, down, right in _FACE_FRAMES:
+    for row in (-1, 1):
+      for col in (-1, 1):
+        out.append((tuple(normal + row * down + col * right), tuple(normal)))
+  return out
+
+
+def _quarter_turn(face: int) -> np.ndarray:
+  """Gather indices of a clockwise quarter turn of ``face``: new = old[src]."""
+  geometry = _sticker_geometry()
+  index = {g: i for i, g in enumerate(geometry)}
+  n = _FACE_FRAMES[face][0]
+  # Clockwise seen from outside = -90 degrees about n: v -> n (n.v) - n x v.
+  rot = lambda v: tuple(n * (n @ v) - np.cross(n, v))
+  src = np.arange(24)
+  for i, (pos, normal) in enumerate(geometry):
+    pos, normal = np.asarray(pos), np.asarray(normal)
+    if pos @ n > 0:  # the stickers of the turning layer
+      src[index[(rot(pos), rot(normal))]] = i
+  return src
+
+
+def _moves() -> np.ndarray:
+  """int32 [12, 24] gather indices of the 12 actions (ACTION_NAMES order)."""
+  out = []
+  for name in ACTION_NAMES[::2]:
+    cw = _quarter_turn(FACES.index({"U": "Up", "D": "Down", "L": "Left", "R": "Right",
+                                    "F": "Front", "B": "Back"}[name]))
+    out += [cw, cw[cw[cw]]]  # X, then X' = X applied three times
+  return np.stack(out).astype(np.int32)
+
+
+MOVES = _moves()  # int32 [12, 24]: after action a, stickers = stickers[MOVES[a]]
+SOLVED = np.repeat(np.arange(6, dtype=np.int8), 4)  # int8 [24]
+
+
+def is_solved(stickers: jax.Array) -> jax.Array:
+  """True where every face shows one colour (any orientation of the cube).
+
+  Args:
+    stickers: int [..., 24] sticker colours.
+
+  Returns:
+    bool [...].
+  """
+  faces = jnp.reshape(stickers, stickers.shape[:-1] + (6, 4))
+  return jnp.all(faces == faces[..., :1], axis=(-2, -1))
+
+
+@struct.dataclass
+class RubiksCubeParams:
+  """Tunable parameters of :class:`RubiksCube` (vmappable).
+
+  Attributes:
+    scramble_depth: uniformly random quarter turns applied to the solved cube
+      at reset (RAGEN's ``scramble_depth``); clipped to
+      ``[0, RubiksCube.max_scramble_depth]``.
+  """
+
+  scramble_depth: jax.Array  # shape=(), dtype=int32
+
+
+@struct.dataclass
+class RubiksCubeState:
+  """State of :class:`RubiksCube`.
+
+  Attributes:
+    stickers: colour (0..5, ``COLORS``) of each sticker, layout in the module
+      docstring.
+    steps: moves made since the reset (RAGEN's ``current_step``).
+  """
+
+  stickers: jax.Array  # shape=(24,), dtype=int8
+  steps: jax.Array  # shape=(), dtype=int32
+
+
+# ------------------------------------------------------------------ rendering
+_DIGITS = tuple(str(d) for d in range(10))
+_HEADER = "=== Rubik's Cube 2x2 State ===\nStep: "
+# Text before each face's first row: the previous row's end, the face label.
+_FACE_LABELS = ("Up (U):    ", "Left (L):  ", "Front (F): ", "Right (R): ",
+                "Back (B):  ", "Down (D):  ")
+_FACE_OPEN = tuple(("\n\n" if f == 0 else "]\n") + label + "["
+                   for f, label in enumerate(_FACE_LABELS))
+_ROW_BREAK = "]\n ["
+_SEP = ", "
+_ENDINGS = (  # playing, solved, out of steps
+    "]\n\nAvailable Actions:\n" + ", ".join(ACTION_NAMES) + "\n\nWhat is your next move?",
+    "]\n\n=== Game Over: Cube Solved! ===",
+    "]\n\n=== Game Over: Max steps reached. ===",
+)
+_PIECES = (_HEADER,) + _DIGITS + ("/",) + COLORS + _FACE_OPEN + (_ROW_BREAK, _SEP) + _ENDINGS
+_ID = {s: i + 1 for i, s in enumerate(_PIECES)}
+_STEP_DIGITS = 3  # step counts below 1000 (saturating above)
+
+
+class RubiksCube(environment.Environment[RubiksCubeState, RubiksCubeParams]):
+  """RAGEN-2's 2x2 Rubik's cube: undo a random scramble in at most 20 moves.
+
+  Reset: the solved cube (face ``f`` coloured ``f``) scrambled by
+  ``params.scramble_depth`` moves drawn uniformly from the 12 actions
+  (RAGEN's ``reset``: immediate cancellations such as ``U U'`` included, so
+  depth 5 leaves cubes 1, 3 or 5 moves from solved; an even depth can leave
+  it solved).
+
+  Action: int32 scalar in [0, 12): ``U U' D D' L L' R R' F F' B B'``
+  (clockwise quarter turn of that face seen from outside, ``'`` the inverse;
+  traced out-of-range values are clipped).
+
+  Observation: int8 [6, 2, 2], the sticker colours per face (module docstring).
+
+  Reward: float32 1.0 on a step that leaves every face one colour (any
+  orientation of the whole cube counts, as in RAGEN), else 0.0.
+
+  Termination: solved. Truncation: ``max_steps`` moves made unsolved
+  (RAGEN's ``truncated``); the count keeps going if stepped further.
+
+  info: ``success`` (bool, solved after the step), ``action_effective``
+  (bool, a sticker changed colour; RAGEN reports True always).
+
+  Text: RAGEN's ``render()`` exactly: the header, ``Step: k/max``, each face
+  as two rows ``[W, O]`` / `` [G, R]``, then the list of moves and "What is
+  your next move?", or the game-over line once solved or out of steps.
+
+  Raises:
+    ValueError: on a bad ``scramble_depth``, ``max_steps`` or
+      ``max_scramble_depth``.
+  """
+
+  action_names = ACTION_NAMES
+  symbols = (environment.PAD_SYMBOL,) + _PIECES
+
+  def __init__(self, scramble_depth: int = SCRAMBLE_DEPTH, max_steps: int = MAX_STEPS,
+               max_scramble_depth: int = 32):
+    """Builds the env.
+
+    Args:
+      scramble_depth: default ``params.scramble_depth`` in
+        ``[0, max_scramble_depth]``.
+      max_steps: static move limit (1..999; RAGEN: 20), shown in the text.
+      max_scramble_depth: static bound of the scramble loop (>= 1).
+
+    Raises:
+      ValueError: naming the bad argument.
+    """
+    for name, value, low, high in (("max_scramble_depth", max_scramble_depth, 1, 10_000),
+                                   ("max_steps", max_steps, 1, 999),
+                                   ("scramble_depth", scramble_depth, 0, max_scramble_depth)):
+      if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ValueError(f"RubiksCube: {name} must be an int in [{low}, {high}], "
+                         f"got {value!r}")
+    self.max_steps = max_steps
+    self.max_scramble_depth = max_scramble_depth
+    self._scramble_depth = scramble_depth
+
+  @property
+  def default_params(self) -> RubiksCubeParams:
+    return RubiksCubeParams(scramble_depth=jnp.asarray(self._scramble_depth, jnp.int32))
+
+  # RAGEN's budget is 20 moves (max_actions_per_traj); "<answer>U'</answer>" + EOS
+  # is 5 tokens of the tiny tokenizer.
+  agent_defaults = environment.AgentDefaults(
+      max_turns=10, max_actions_per_traj=20, max_tokens_per_turn=7,
+      system="You solve a 2x2 Rubik's cube.")
+  expert_think_text = "I follow a shortest solution."
+
+  @property
+  def instructions(self) -> str:
+    """Our rules text: the goal, the notation of the moves and the answer format."""
+    return ("You solve a 2x2 Rubik's cube. Turn its faces until every face shows a "
+            "single colour. Each face is shown as two rows of colours W, O, G, R, B, Y. "
+            "A letter turns that face (U up, D down, L left, R right, F front, B back) a "
+            "quarter turn clockwise as seen looking at the face; a letter with ' turns it "
+            f"counter-clockwise.\n{environment.actions_sentence(self.action_names)}")
+
+  def expert_answers(self, states, params, *, actions_per_turn=1, cube_max_depth=10,
+                     **options):
+    """The first moves of a fewest-moves solution of each state (host side).
+
+    Args:
+      states: unbatched :class:`RubiksCubeState` s with numpy leaves.
+      params: their params (unused: the solution does not depend on them).
+      actions_per_turn: moves per answer.
+      cube_max_depth: the solver's depth bound (see
+        :func:`envs_jax.solve_rubiks_cube`); a cube it cannot solve within it,
+        or a solved one, gets the first action name (valid, arbitrary).
+      **options: other games' solver settings (ignored).
+
+    Returns:
+      Action names joined by ``" || "``, one text per state.
+    """
+    del params, options
+    # The solver module imports this one.
+    from envs_jax._src import rubiks_cube_solver  # pylint: disable=g-import-not-at-top
+    out = []
+    for s in states:
+      path = rubiks_cube_solver.solve_rubiks_cube(np.asarray(s.stickers),
+                                                  max_depth=cube_max_depth)
+      path = path[:actions_per_turn] if path else (0,)
+      out.append(" || ".join(self.action_names[a] for a in path))
+    return out
+
+  # --------------------------------------------------------------- dynamics
+  def scramble(self, key: jax.Array, depth: jax.Array) -> jax.Array:
+    """The solved cube after ``depth`` uniformly random actions.
+
+    Args:
+      key: a PRNG key; the scramble is a deterministic function of it.
+      depth: int32 scalar, clipped to ``[0, max_scramble_depth]``.
+
+    Returns:
+      int8 [24] stickers.
+    """
+    moves = jnp.asarray(MOVES)
+    actions = jax.random.randint(key, (self.max_scramble_depth,), 0, len(ACTION_NAMES))
+    depth = jnp.clip(depth, 0, self.max_scramble_depth)
+
+    def body(i, s):
+      return jnp.where(i < depth, s[moves[actions[i]]], s)
+
+    return jax.lax.fori_loop(0, self.max_scramble_depth, body, jnp.asarray(SOLVED))
+
+  def reset_env(self, key, params):
+    state = RubiksCubeState(stickers=self.scramble(key, params.scramble_depth),
+                            steps=jnp.zeros((), jnp.int32))
+    return self.observation(state), state
+
+  def step_env(self, key, state, action, params):
+    del key, params  # deterministic moves
+    environment.check_discrete_action(self, action)
+    a = jnp.clip(jnp.asarray(action, jnp.int32), 0, len(ACTION_NAMES) - 1)
+    stickers = state.stickers[jnp.asarray(MOVES)[a]]
+    new_state = RubiksCubeState(stickers=stickers, steps=state.steps + 1)
+    solved = is_solved(stickers)
+    truncated = (new_state.steps >= self.max_steps) & ~solved
+    info = {"success": solved, "action_effective": jnp.any(stickers != state.stickers)}
+    return (self.observation(new_state), new_state, solved.astype(jnp.float32), solved,
+            truncated, info)
+
+  # ------------------------------------------------------------------- text
+  def observation(self, state):
+    """int8 [6, 2, 2]: the sticker colours of each face (FACES order)."""
+    return state.stickers.reshape(6, 2, 2)
+
+  def render_symbols(self, state):
+    """int32 [56]: RAGEN's text of the cube (header, faces, actions or game over)."""
+    # One compiled program: render_text calls this outside jit, op by op otherwise.
+    return self._render_jit(state)
+
+  @functools.cached_property
+  def _render_jit(self):
+    return jax.jit(self._render)
+
+  def _render(self, state):
+    digit0 = _ID["0"]
+    step = environment.number_symbols(state.steps, digit0, int_digits=_STEP_DIGITS)
+    limit = [digit0 + int(d) for d in str(self.max_steps)]
+    colors = _ID[COLORS[0]] + state.stickers.astype(jnp.int32)
+    parts = [jnp.asarray([_ID[_HEADER]], jnp.int32), step,
+             jnp.asarray([_ID["/"]] + limit, jnp.int32)]
+    sep, row_break = _ID[_SEP], _ID[_ROW_BREAK]
+    for f in range(6):
+      c = colors[4 * f: 4 * f + 4]
+      parts.append(jnp.stack([jnp.int32(_ID[_FACE_OPEN[f]]), c[0], jnp.int32(sep), c[1],
+                              jnp.int32(row_break), c[2], jnp.int32(sep), c[3]]))
+    solved = is_solved(state.stickers)
+    ending = jnp.where(solved, 1, jnp.where(state.steps >= self.max_steps, 2, 0))
+    parts.append((_ID[_ENDINGS[0]] + ending)[None].astype(jnp.int32))
+    return jnp.concatenate(parts)
+
+  def __repr__(self) -> str:
+    return (f"RubiksCube(scramble_depth={self._scramble_depth}, max_steps={self.max_steps}"
+            f", max_scramble_depth={self.max_scramble_depth})")
+
+
+registration.register("RubiksCube-2x2-v0", RubiksCube)

@@ -1,0 +1,147 @@
+"""The command line of the experiment programs: the ``--config`` flag and one-line errors.
+
+``experiments.train``, ``experiments.sweep`` and ``experiments.compare`` read
+an ``ml_collections`` config file (``--config=experiments/configs/tiny.py:<env
+id>,<algorithm>``) and its overrides (``--config.rl.learning_rate=3e-4``), and
+run through :func:`run`. A bad config ends the program with one line naming
+what to fix (exit status 1), not a traceback::
+
+    $ python -m experiments.train --config.rl.lr=1e-4
+    error: --config.rl.lr=1e-4: the config has no field config.rl.lr; closest:
+    config.rl.learning_rate, config.rl.critic_learning_rate, config.sft.learning_rate
+
+``ml_collections`` itself defines an override flag per ``--config.<field>``
+while it parses, and a field the config lacks ends in a ~30-line
+``AttributeError`` (its own "did you mean" needs 0.75 similarity: none for
+``lr``), so :func:`define_config_flag` checks the command line first.
+(``experiments.eval`` reads its config from the run directory; its flags are
+plain absl flags, whose unknown names absl already reports on one line with
+the closest ones.)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import pathlib
+import re
+import sys
+from typing import Any, Callable, Sequence
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from experiments import common
+
+DEFAULT_CONFIG = str(pathlib.Path(__file__).parent / "configs" / "tiny.py")
+
+
+def _config_spec(argv: Sequence[str], name: str) -> str | None:
+  """The value of the last ``--<name>=<v>`` or ``--<name> <v>`` of ``argv``, or None."""
+  spec = None
+  for i, arg in enumerate(argv):
+    m = re.match(rf"^-{{1,2}}{name}(=|$)", arg)
+    if m and m.group(1):
+      spec = arg[m.end():]
+    elif m and i + 1 < len(argv):
+      spec = argv[i + 1]
+  return spec
+
+
+def _load(spec: str):
+  """``get_config(<arg>)`` of the config file of ``<path>[:<arg>]`` (as ml_collections loads it)."""
+  path, colon, arg = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location("cli_config", path)
+  if module_spec is None or not pathlib.Path(path).is_file():
+    raise common.ConfigError(f"no config file {path!r}")
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if colon else module.get_config()
+
+
+def check_config_argv(argv: Sequence[str], default: str = DEFAULT_CONFIG,
+                      name: str = "config") -> None:
+  """Checks the config of a command line before ``ml_collections`` parses it.
+
+  Loads the config file of ``--config`` (else ``default``) with its argument
+  and checks that every override ``--config.<field>=...`` names a field of
+  it. A command line without ``--config`` flags is not read.
+
+  Args:
+    argv: the command line (``sys.argv``; flag files are expanded).
+    default: the config file when ``--config`` is absent.
+    name: the flag's name.
+
+  Raises:
+    ConfigError: the config file's own (e.g. an unregistered environment in
+      its argument, see :func:`experiments.common.config_arg`) or a field the
+      config lacks (:func:`experiments.common.config_field`: the closest known
+      ones), naming the flag as given.
+  """
+  argv = flags.FLAGS.read_flags_from_files(list(argv), force_gnu=False)
+  overrides = [a for a in argv if re.match(rf"^-{{1,2}}(no)?{name}\.", a)]
+  spec = _config_spec(argv, name)
+  if spec is None and not overrides:
+    return
+  try:
+    config = _load(spec or default)
+  except common.ConfigError as e:
+    raise common.ConfigError(f"--{name}={spec or default}: {e}") from None
+  except Exception:  # pylint: disable=broad-except
+    return  # the config file's own bug: ml_collections reports it with its traceback
+  for arg in overrides:
+    field = arg.split("=", 1)[0].split(".", 1)[1]
+    try:
+      common.config_field(config, field)
+    except common.ConfigError as e:
+      raise common.ConfigError(f"{arg}: {e}") from None
+
+
+def _exit(error: common.ConfigError):
+  sys.exit(f"error: {error}")
+
+
+def define_config_flag(default: str = DEFAULT_CONFIG, *,
+                       flag_values: flags.FlagValues = flags.FLAGS,
+                       argv: Sequence[str] | None = None) -> flags.FlagHolder:
+  """Defines ``--config`` (``config_flags.DEFINE_config_file``) after :func:`check_config_argv`.
+
+  Call it where the program defines its flags (``ml_collections`` parses the
+  default config, with the overrides of ``argv``, right there).
+
+  Args:
+    default: the config file (``path[:arg]``) when ``--config`` is absent.
+    flag_values: where to define it.
+    argv: the command line (default ``sys.argv``, read when called).
+
+  Returns:
+    the flag's holder (``.value``: the config, once flags are parsed).
+
+  Raises:
+    SystemExit: a bad config on the command line, with its one-line message.
+  """
+  try:
+    check_config_argv(sys.argv if argv is None else argv, default)
+  except common.ConfigError as e:
+    _exit(e)
+  return config_flags.DEFINE_config_file(
+      "config", default, "An ml_collections config file (experiments/configs/*.py[:arg]).",
+      flag_values=flag_values, sys_argv=None if argv is None else list(argv))
+
+
+def checked(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
+  """``main`` that ends the program with one line (exit status 1) on a ConfigError."""
+  @functools.wraps(main)
+  def run_main(argv):
+    try:
+      return main(argv)
+    except common.ConfigError as e:
+      _exit(e)
+
+  return run_main
+
+
+def run(main: Callable[[list[str]], Any]) -> None:
+  """``absl.app.run`` of :func:`checked` ``(main)``."""
+  app.run(checked(main))

@@ -1,0 +1,70 @@
+"""Smoke test of ``python -m experiments.benchmarks.peer_rl`` (jagent's side only).
+
+Runs the benchmark as a subprocess with its smallest settings (the nano
+model, 2 levels x 2 rollouts, 2 turns, one warm-up and one timed iteration)
+and a peer virtualenv that does not exist, so the Tunix side is skipped
+with its message; checks the table, the message and the JSON last line.
+A subprocess, because the benchmark's absl flags share names with other
+benchmarks'. No timing asserts: speed is measured only by the benchmark.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from absl.testing import absltest
+
+from tests import testenv
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_benchmark(*args: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-m", "experiments.benchmarks.peer_rl", *args],
+                        cwd=_ROOT, env=testenv.subprocess_env(1), capture_output=True,
+                        text=True, timeout=900, check=False)
+
+
+class PeerRlBenchmarkTest(absltest.TestCase):
+
+  def test_jagent_side_prints_table_and_json_without_the_peer(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      venv = os.path.join(tmp, "no_venv")
+      proc = run_benchmark("--model=nano", "--num_groups=2", "--group_size=2",
+                           "--max_turns=2", "--iterations=1", f"--peer_venv={venv}")
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    out = proc.stdout
+    self.assertIn("peer RL benchmark: model nano", out)
+    self.assertIn("2 levels x 2 rollouts, 2 turns, 6 tokens/reply", out)
+    self.assertRegex(out, r"framework +iteration s +best s +rollout s +update s")
+    self.assertRegex(out, r"\njagent [0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+")
+    self.assertIn(f"tunix: skipped (no Tunix virtualenv at {venv}; create it with python -m "
+                  "experiments.benchmarks.peer_rl --setup)", out)
+    res = json.loads(out.strip().splitlines()[-1])
+    self.assertIsNone(res["tunix_iteration_s"])
+    self.assertIsNone(res["ratio_iteration"])
+    j = res["jagent"]
+    self.assertEqual(res["jagent_iteration_s"], j["iteration_s"])
+    self.assertEqual(j["all_seconds"], [j["iteration_s"]])  # one timed iteration
+    self.assertEqual(len(j["iterations"]), 2)  # warm-up + timed
+    for it in j["iterations"]:
+      # Random nano replies are never valid answers: every episode plays both turns.
+      self.assertEqual(it["env_turns"], 2 * 2 * 2, it)
+      self.assertBetween(it["tokens"], 1, 2 * 2 * 2 * 6)
+    timed = j["iterations"][1]
+    self.assertAlmostEqual(timed["rollout_s"] + timed["update_s"], timed["seconds"])
+    self.assertAlmostEqual(j["turns_per_s"], 8 / j["iteration_s"])
+    self.assertAlmostEqual(j["tokens_per_s"], timed["tokens"] / j["iteration_s"])
+    for k in ("warmup_s", "setup_s", "rollout_compile_s", "peak_rss_mb"):
+      self.assertGreater(j[k], 0.0, k)
+
+  def test_bad_flags_raise_before_compiling(self):
+    proc = run_benchmark("--iterations=0", "--peer=none")
+    self.assertNotEqual(proc.returncode, 0)
+    self.assertIn("--iterations=0: must be an int >= 1", proc.stderr)
+
+
+if __name__ == "__main__":
+  absltest.main()
