@@ -1137,9 +1137,12 @@ class Experiment:
     not timed apart). With ``config.diagnostics.every`` > 0 also
     ``collapse/*`` (:func:`jagent.train.collapse_metrics` of this step's
     rollout under the policy that sampled it), NaN on the steps that are not
-    :func:`diagnostics_due`. NaN marks what this step did not measure (also
-    the update metrics of a step whose filter kept no group); MetricsWriter
-    leaves it out of the records.
+    :func:`diagnostics_due`. What this step did not measure (NaN) is left
+    out of the dict: ``collapse/*`` off the diagnosed steps (or without a
+    valid (prompt, reply) pair), and the update metrics of a step whose
+    filter kept no group (``train/updates_applied`` 0: a mean over nothing).
+    A non-finite value of a step that did update stays (a diverging loss
+    must show).
     """
     def build():
       return sharding.shard_rl_iteration(
@@ -1152,6 +1155,9 @@ class Experiment:
     state, m = fn(state, self.rl_key(step))
     out = {k: float(v) for k, v in jax.device_get(m).items()}
     sec = time.perf_counter() - t0
+    trained = out["train/updates_applied"] > 0
+    out = {k: v for k, v in out.items()
+           if math.isfinite(v) or (trained and not k.startswith("collapse/"))}
     out["time/step_seconds"] = sec
     out["throughput/rollout_tokens_per_s"] = out["rollout/sampled_tokens"] / sec
     out["throughput/env_turns_per_s"] = out["rollout/env_turns"] / sec

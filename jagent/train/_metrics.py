@@ -344,10 +344,9 @@ class MetricsWriter:
   Each :meth:`write` appends ``{"step": step, key: float, ...}`` as one JSON
   line (flushed at once, so a crash loses at most the line being written) and,
   with TensorBoard on, one scalar per key to event files under
-  ``<workdir>/tensorboard`` (tensorboardX). A non-finite value is left out of
-  both: NaN marks a metric not measured at that step (the update metrics of
-  a step that trained nothing, ``jagent.train.train_step``), and JSON has no
-  NaN or Infinity, so every line stays valid JSON. On resume pass the restored step:
+  ``<workdir>/tensorboard`` (tensorboardX). Pass only what was measured:
+  a non-finite value is written (JSON ``NaN``/``Infinity``) so that a
+  diverging loss shows. On resume pass the restored step:
   records with a larger step (written after that checkpoint) are dropped from
   the file (rewritten atomically) and TensorBoard purges them too, so no step
   appears twice.
@@ -399,8 +398,9 @@ class MetricsWriter:
     Args:
       step: the step (Python int).
       metrics: ``{name: scalar}`` (Python, numpy or jax scalars; fetched
-        from the device here). Non-finite values are left out (absent from
-        the record and the event files).
+        from the device here). Non-finite values are written as JSON
+        ``NaN``/``Infinity`` (Python's json reads them back); leave out
+        what the step did not measure.
 
     Raises:
       ValueError: a non-scalar value or a key named ``step``.
@@ -414,10 +414,8 @@ class MetricsWriter:
       if arr.size != 1:
         raise ValueError(f"metric {k!r} must be a scalar; got shape "
                          f"{arr.shape}.")
-      value = float(arr.reshape(()))
-      if math.isfinite(value):
-        record[k] = value
-    self._file.write(json.dumps(record, allow_nan=False) + "\n")
+      record[k] = float(arr.reshape(()))
+    self._file.write(json.dumps(record) + "\n")
     self._file.flush()
     if self._tb is not None:
       for k, v in record.items():

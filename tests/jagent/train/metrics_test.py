@@ -2,7 +2,7 @@
 
 import glob
 import importlib.util
-import json
+import math
 import os
 import shutil
 import tempfile
@@ -36,16 +36,9 @@ class MetricsTest(absltest.TestCase):
     self.assertEqual([r["step"] for r in records], [1, 2, 3, 4, 5])
     self.assertAlmostEqual(records[2]["loss"], 0.3, places=6)
     self.assertEqual(records[3]["n"], 4.0)
-    # Non-finite values (not measured) are left out: every line is strict JSON.
-    self.assertEqual([r.get("bad") for r in records], [0.0, None, None, 0.0, 0.0])
-    self.assertEqual(sorted(records[1]), ["loss", "n", "step"])
-
-    def no_constants(name):
-      raise AssertionError(f"{name} in {path}")
-
-    with open(path) as f:
-      for line in f:
-        json.loads(line, parse_constant=no_constants)
+    # Non-finite values are written (a diverging loss must show) and read back.
+    self.assertTrue(math.isnan(records[1]["bad"]))
+    self.assertEqual(records[2]["bad"], -math.inf)
     # Crash after the checkpoint of step 3: steps 4 and 5 are written again.
     w = train.MetricsWriter(self.workdir, resume_step=3, tensorboard=False)
     for step in (4, 5, 6):
@@ -183,7 +176,7 @@ def _run_records():
                     "filter/reward_std_before": 1.0, "filter/reward_std_after": 2.0,
                     "train/updates_applied": 0.0 if step == 3 else 1.0,
                     "train/grad_norm": float("nan") if step == 2 else float(step)})
-    if step != 3:  # step 3 trained nothing: MetricsWriter leaves its entropy out
+    if step != 3:  # step 3 trained nothing: the run leaves its entropy out
       records[-1]["actor/entropy"] = 0.5 + step
   records[-3]["eval/success"] = 0.3  # step 4
   records.append({"step": 6, "eval/rl/success": 0.4, "eval/rl/greedy_success": 0.6})
