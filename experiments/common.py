@@ -30,6 +30,8 @@ import time
 import typing
 from typing import Any, Callable, Sequence
 
+from absl import app
+from absl import flags
 from absl import logging
 import jax
 import jax.numpy as jnp
@@ -57,6 +59,63 @@ def setup_compilation_cache(path: str | None = None) -> None:
       os.path.expanduser("~"), ".cache", "jagent", "jax")
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def quiet_logs() -> None:
+  """Sets absl's verbosity to WARNING unless ``-v``/``--verbosity`` was passed.
+
+  absl's ``app.run`` raises the verbosity from WARNING to INFO when the flag
+  is not given; orbax's checkpoint messages (absl logging) and jax's backend
+  probes (python logging, e.g. "Unable to initialize backend 'tpu'") then
+  put ~450 INFO lines a run on stderr, between the progress bars. absl's
+  handler sits on the root logger, whose level this sets, so both are
+  quieted; ``--verbosity=0`` (or ``-v 0``) brings them back.
+
+  Runs once flags are parsed (``app.call_after_init``, registered when this
+  module is imported): every ``experiments`` entry point (train, eval,
+  sweep, compare) imports it and runs under ``app.run``.
+  """
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+
+
+app.call_after_init(quiet_logs)
+
+_Z95 = 1.959963984540054  # the standard normal's 0.975 quantile
+
+
+def wilson_interval(rate: float, n: int) -> tuple[float, float]:
+  """The 95% Wilson score interval of a success rate over ``n`` trials.
+
+  For ``p = rate`` (successes / n) and ``z = 1.959964`` (the normal's 97.5%
+  quantile)::
+
+    (p + z^2 / 2n -+ z sqrt(p (1 - p) / n + z^2 / 4n^2)) / (1 + z^2 / n)
+
+  (Wilson, "Probable inference, the law of succession, and statistical
+  inference", JASA 1927). Unlike the normal approximation ``p -+ z sqrt(p (1
+  - p) / n)`` it stays inside ``[0, 1]`` and is not empty at 0 or 1 success.
+  Evaluations are one episode per level, so ``n`` is the number of levels:
+  on 512 levels at ``p`` ~ 0.45 it is about +-0.043 (two standard errors).
+
+  Args:
+    rate: the success rate in ``[0, 1]``.
+    n: the number of trials (>= 1).
+
+  Returns:
+    ``(low, high)`` floats.
+
+  Raises:
+    ValueError: ``n < 1`` or ``rate`` outside ``[0, 1]``.
+  """
+  if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    raise ValueError(f"wilson_interval: n={n!r} must be an int >= 1.")
+  if not 0.0 <= rate <= 1.0:
+    raise ValueError(f"wilson_interval: rate={rate!r} must be in [0, 1].")
+  z2 = _Z95 ** 2
+  center = (rate + z2 / (2 * n)) / (1 + z2 / n)
+  half = _Z95 * math.sqrt(rate * (1 - rate) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+  return max(0.0, center - half), min(1.0, center + half)
 
 
 # Jitted programs shared by the Experiments of one process whose configs
@@ -521,8 +580,9 @@ def collapse_alert(config, step: int, metrics: dict,
                    recent: Sequence[dict] | None = None) -> str | None:
   """The Echo Trap warning of logged step ``step``, or None.
 
-  On the steps that ran the diagnostics (``collapse/mutual_info`` in
-  ``metrics``), each of :data:`ALERT_FLOORS` whose value is below its
+  On the steps that ran the diagnostics (a finite ``collapse/*`` value in
+  ``metrics``, e.g. ``collapse/replies``; on the other steps they are NaN or
+  absent), each of :data:`ALERT_FLOORS` whose value is below its
   floor ``config.diagnostics.min_*`` (a floor of 0 checks nothing; NaN is
   never below it) is named on one line: RAGEN's early signs of the Echo
   Trap (in-group reward std and policy entropy falling) and RAGEN-2's
@@ -531,9 +591,10 @@ def collapse_alert(config, step: int, metrics: dict,
   The per-step metrics (reward std, entropy) are compared by their mean
   over ``recent``: one step's reward std swings by a factor of ten between
   neighbouring steps of a healthy run, and a warning should name a trend.
-  Steps that applied no update (``train/updates_applied`` 0: their entropy
-  is written as 0) are left out of the entropy's mean. ``I(X;Z)`` is
-  measured on the diagnosed steps only, so this step's value is used.
+  Values that are absent or NaN (not measured: the entropy of a step that
+  trained nothing, ``jagent.train.train_step``) are left out of the mean.
+  ``I(X;Z)`` is measured on the diagnosed steps only, so this step's value
+  is used.
 
   Args:
     config: the run's config (its ``diagnostics`` block; absent: no warning).
@@ -547,18 +608,15 @@ def collapse_alert(config, step: int, metrics: dict,
     (``mean of K steps`` after a value averaged over K > 1 steps), or None.
   """
   d = config.get("diagnostics")
-  if d is None or "collapse/mutual_info" not in metrics:
+  if d is None or not any(k.startswith("collapse/") and math.isfinite(v)
+                          for k, v in metrics.items()):
     return None
   recent = [metrics] if not recent else list(recent)
   crossed = []
   for key, floor in ALERT_FLOORS:
     if d.get(floor, 0) <= 0:
       continue
-    if key.startswith("collapse/"):
-      rows = [metrics]
-    else:
-      rows = [r for r in recent if not (key == "actor/entropy"
-                                        and r.get("train/updates_applied", 1) <= 0)]
+    rows = [metrics] if key.startswith("collapse/") else recent
     values = [float(r[key]) for r in rows if key in r and math.isfinite(r[key])]
     if not values:
       continue
@@ -675,6 +733,10 @@ def validate(config, num_devices: int | None = None) -> None:
   _require_int("checkpoint.every", config.checkpoint.every, 0,
                "must be an int >= 0 (0: a checkpoint after SFT and after the last step only)")
   _require_int("checkpoint.keep", config.checkpoint.keep, 1, "must be an int >= 1")
+  # Absent in runs saved before the field: never stop.
+  _require_int("rl.empty_stop_steps", config.rl.get("empty_stop_steps", 0), 0,
+               "must be an int >= 0 (stop after that many consecutive steps that trained "
+               "nothing; 0: never)")
   if not isinstance(config.eval.num_levels, int) or config.eval.num_levels < 1:
     raise _bad("eval.num_levels", config.eval.num_levels, "must be an int >= 1")
   if config.eval.num_levels % config.eval.num_groups:
@@ -1034,7 +1096,8 @@ class Experiment:
     (``diagnostics.num_rows`` pairs; the rollout's temperature and reply
     bound; the format of ``prompt.think`` left out of Z) under a
     ``lax.cond`` on :func:`diagnostics_due` of ``state.step``: on the other
-    steps it costs nothing and returns NaNs, which :meth:`rl_step` drops.
+    steps it costs nothing and returns NaNs (not measured; MetricsWriter
+    leaves them out).
     """
     every = diagnostics_every(self.config)
     if not every:
@@ -1071,10 +1134,15 @@ class Experiment:
     ``throughput/env_turns_per_s`` and ``throughput/train_tokens_per_s``
     (trained context tokens, padding included), each per second of the
     whole iteration (rollout and update run in one program, so they are
-    not timed apart). On the steps of :func:`diagnostics_due` (with
-    ``config.diagnostics.every`` > 0) also ``collapse/*``
-    (:func:`jagent.train.collapse_metrics` of this step's rollout under the
-    policy that sampled it).
+    not timed apart). With ``config.diagnostics.every`` > 0 also
+    ``collapse/*`` (:func:`jagent.train.collapse_metrics` of this step's
+    rollout under the policy that sampled it), NaN on the steps that are not
+    :func:`diagnostics_due`. What this step did not measure (NaN) is left
+    out of the dict: ``collapse/*`` off the diagnosed steps (or without a
+    valid (prompt, reply) pair), and the update metrics of a step whose
+    filter kept no group (``train/updates_applied`` 0: a mean over nothing).
+    A non-finite value of a step that did update stays (a diverging loss
+    must show).
     """
     def build():
       return sharding.shard_rl_iteration(
@@ -1087,9 +1155,9 @@ class Experiment:
     state, m = fn(state, self.rl_key(step))
     out = {k: float(v) for k, v in jax.device_get(m).items()}
     sec = time.perf_counter() - t0
-    every = diagnostics_every(self.config)
-    if every and not diagnostics_due(step, every):  # the skipped branch's NaNs
-      out = {k: v for k, v in out.items() if not k.startswith("collapse/")}
+    trained = out["train/updates_applied"] > 0
+    out = {k: v for k, v in out.items()
+           if math.isfinite(v) or (trained and not k.startswith("collapse/"))}
     out["time/step_seconds"] = sec
     out["throughput/rollout_tokens_per_s"] = out["rollout/sampled_tokens"] / sec
     out["throughput/env_turns_per_s"] = out["rollout/env_turns"] / sec
@@ -1159,10 +1227,31 @@ class Experiment:
     m, _ = self._evaluate(params, "eval_greedy" if greedy else "eval_temp", temperature)
     return m
 
+  def evaluate_greedy(self, params) -> dict:
+    """``{"greedy_success", "greedy_score"}`` of a greedy evaluation; ``{}`` without ``eval.greedy``."""
+    if not self.config.eval.greedy:
+      return {}
+    g, _ = self._evaluate(params, "eval_greedy")
+    return {"greedy_success": g["success"], "greedy_score": g["score"]}
+
+  def success_intervals(self, metrics: dict) -> dict:
+    """``{"success_ci95": [lo, hi], "greedy_success_ci95": ...}`` of an evaluation's rates.
+
+    The 95% Wilson intervals (:func:`wilson_interval`) over the
+    ``eval.num_levels`` levels (one episode each) of ``success`` and, when in
+    ``metrics``, ``greedy_success``.
+    """
+    return {f"{k}_ci95": list(wilson_interval(float(metrics[k]), self.config.eval.num_levels))
+            for k in ("success", "greedy_success") if k in metrics}
+
   def evaluate_all(self, params, stage: str, workdir: str) -> dict:
     """Temperature and greedy evaluation; saves decoded samples; returns a dict.
 
-    Every process evaluates; only :attr:`is_primary` writes the samples.
+    The dict: success, score, actions, turns, format_valid_frac,
+    valid_action_frac, temperature, greedy_success and greedy_score (with
+    ``eval.greedy``), their 95% intervals (:meth:`success_intervals`),
+    num_levels and held_out_removed. Every process evaluates; only
+    :attr:`is_primary` writes the samples.
     """
     c = self.config
     out = {}
@@ -1170,10 +1259,8 @@ class Experiment:
     out.update({k: m[k] for k in ("success", "score", "actions", "turns",
                                   "format_valid_frac", "valid_action_frac")})
     out["temperature"] = c.eval.temperature
-    if c.eval.greedy:
-      g, _ = self._evaluate(params, "eval_greedy")
-      out["greedy_success"] = g["success"]
-      out["greedy_score"] = g["score"]
+    out.update(self.evaluate_greedy(params))
+    out.update(self.success_intervals(out))
     out["num_levels"] = c.eval.num_levels
     _ = self.eval_keys  # computed on first use; sets eval_levels_removed
     out["held_out_removed"] = int(self.eval_levels_removed)

@@ -132,8 +132,9 @@ def run_configs(config, seeds: int = 1, sweep: str | None = None) -> tuple[str |
 
   Raises:
     ValueError: a bad ``seeds`` or ``sweep`` (see :func:`parse_sweep`), a
-      non-empty ``config.mesh``, or a bad config (:func:`experiments.common.validate`, naming the field), all
-      before anything compiles.
+      non-empty ``config.mesh``, a nonzero ``config.rl.empty_stop_steps``, or
+      a bad config (:func:`experiments.common.validate`, naming the field),
+      all before anything compiles.
   """
   if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
     raise ValueError(f"--seeds={seeds!r}: must be an int >= 1")
@@ -141,6 +142,10 @@ def run_configs(config, seeds: int = 1, sweep: str | None = None) -> tuple[str |
     raise ValueError(f"config.mesh={config.mesh!r}: a sweep runs its runs as one program on "
                      "one device (vmapped); leave config.mesh empty (sharded sweeps are "
                      "not supported)")
+  if config.rl.get("empty_stop_steps", 0):
+    raise ValueError(f"config.rl.empty_stop_steps={config.rl.empty_stop_steps!r}: a sweep "
+                     "runs rl.steps iterations as one program and cannot stop a run early; "
+                     "set it to 0 (experiments.train stops)")
   field, values = parse_sweep(sweep, config)
   out = []
   for value in values:

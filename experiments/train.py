@@ -14,7 +14,16 @@ Stages (each checkpointed; an existing workdir resumes where it stopped):
    -> updates.
 3. Evaluation on ``eval.num_levels`` fixed held-out initial states (seeds from
    ``eval.seed``) at temperature ``eval.temperature`` (RAGEN: 0.5) and
-   greedily, after SFT, every ``eval.every`` RL steps and at the end.
+   greedily (``eval.greedy``), after SFT, every ``eval.every`` RL steps and at
+   the end; each prints one line under the progress bar with 95% Wilson
+   intervals over the levels (:func:`evaluation_line`).
+
+A step whose filter kept no group trains nothing: its update metrics are not
+written (rather than as zeros), ``train/skipped_steps`` counts it, the bar
+shows ``skipped=N``, and ``--config.rl.empty_stop_steps=N`` stops the run
+after N such steps in a row (RAGEN's ``rollout_filter_empty_stop_steps``).
+absl's INFO messages (orbax, jax) are off unless ``--verbosity=0`` is passed
+(``experiments.common.quiet_logs``).
 
 Writes to ``--workdir``: ``metrics.jsonl`` and TensorBoard events (every
 step), ``curves.png`` (the key curves first: held-out success against the SFT
@@ -23,8 +32,8 @@ information, grad norm; see :func:`curve_panels`), ``samples/<stage>.json`` (dec
 checkpoints, ``policy/`` (a Hugging Face directory of the final policy) and
 ``eval_summary.json``::
 
-  {"env": ..., "algorithm": ..., "sft": {"success": ..., ...},
-   "rl": {"success": ..., ...}, "steps": ..., "seconds": ...}
+  {"env": ..., "algorithm": ..., "sft": {"success": ..., "success_ci95": [lo, hi], ...},
+   "rl": {"success": ..., ...}, "steps": ..., "stopped": null or why, "seconds": ...}
 
 Devices: ``--config.mesh="data:8"`` (or ``"data:2,fsdp:2,tensor:2"``, see
 ``jagent.sharding.make_mesh``; default ``""``: one device) runs the stages on
@@ -40,6 +49,7 @@ devices, every process writes its part of each checkpoint (same
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 
@@ -101,8 +111,10 @@ def curve_panels(config) -> tuple:
   against its bound (when written) and the grad norm against the clipping
   threshold. Then clip fraction, reply length, valid actions, score,
   SFT NLL and rollout throughput. Per-step series are drawn raw and faint under
-  an EMA (:func:`curve_smoothing`); panels whose metrics a run does not write
-  are left out.
+  an EMA (:func:`curve_smoothing`); a step that trained nothing is a gap in
+  the update metrics (entropy, grad norm, clip fraction, kept std: not
+  written), not a drop to 0; panels whose metrics a run does not write are
+  left out.
 
   Args:
     config: the run's config (``experiments/configs/tiny.py``'s fields).
@@ -118,13 +130,12 @@ def curve_panels(config) -> tuple:
   steps = (0, config.rl.steps)  # one x axis for every RL panel
   rl = {"smoothing": smooth, "min_step": 1, "xlim": steps}  # SFT writes steps <= 0
   levels = f"{ev.num_levels} held-out levels"
-  updated = "train/updates_applied"  # steps without an update write entropy 0, norm 0
   diagnostics = config.get("diagnostics")  # RAGEN-2's collapse/*: a few steps only
   every = (f", every {diagnostics.every} steps" if diagnostics and diagnostics.get("every")
            else "")
-  grad_norm = [S("train/grad_norm", "mean over updates", where=updated)]
+  grad_norm = [S("train/grad_norm", "mean over updates")]
   if config.rl.num_minibatches * config.rl.ppo_epochs > 1:  # else max == mean
-    grad_norm.append(S("train/grad_norm_max", "max over updates", where=updated))
+    grad_norm.append(S("train/grad_norm_max", "max over updates"))
   return (
       P(f"Eval success (T={ev.temperature:g}, {levels})",
         S(("eval/sft/success", "eval/success", "eval/rl/success"), "evaluations",
@@ -144,7 +155,7 @@ def curve_panels(config) -> tuple:
         (S("filter/reward_std_before", "all groups (before filter)"),
          S("filter/reward_std_after", "kept groups (after filter)")), **rl),
       P("Policy entropy (nats/token)",
-        (S("actor/entropy", "training batch", where=updated),
+        (S("actor/entropy", "training batch"),
          S("collapse/reply_entropy", f"reply entropy H(Z|X){every}", sparse=True)), **rl),
       P("Mutual information I(X;Z), prompt vs reply (nats/token)",
         S("collapse/mutual_info", f"I(X;Z){every}", sparse=True),
@@ -152,8 +163,7 @@ def curve_panels(config) -> tuple:
       P("Grad norm (L2, before clipping)",
         tuple(grad_norm), baseline=config.rl.max_grad_norm, baseline_label="clipped at",
         **rl),
-      P("PPO clip fraction (share of reply tokens)", S("policy/clip_frac", where=updated),
-        **rl),
+      P("PPO clip fraction (share of reply tokens)", "policy/clip_frac", **rl),
       P("Reply length (tokens/turn)", "rollout/reply_tokens", **rl),
       P("Valid actions (share)",
         (S("rollout/valid_action_frac", "valid / parsed"),
@@ -240,12 +250,71 @@ def initialize_distributed(distributed: bool, coordinator_address: str | None = 
                jax.process_count(), jax.local_device_count(), jax.device_count())
 
 
+def announce(line: str, progress: bool = True) -> str:
+  """Logs ``line`` (INFO) and, with ``progress``, writes it under the progress bar; returns it."""
+  logging.info(line)
+  if progress:
+    tqdm.tqdm.write(line)
+  return line
+
+
+def evaluation_line(config, label: str, step: int, metrics: dict) -> str:
+  """The one line of an evaluation, e.g. after RL at step 500::
+
+    eval after RL (step 500): success 0.479 [0.436, 0.523] at T=0.5, greedy 0.471
+    [0.428, 0.515] (512 levels, 95% Wilson intervals)
+
+  Args:
+    config: the run's config (``eval.temperature``, ``eval.num_levels``).
+    label: ``"after SFT"``, ``"during RL"`` (every ``eval.every`` steps) or
+      ``"after RL"``.
+    step: the RL step of the evaluation (0 after SFT).
+    metrics: ``success`` and ``success_ci95`` (and, with a greedy
+      evaluation, ``greedy_success`` and ``greedy_success_ci95``), as
+      :meth:`experiments.common.Experiment.evaluate_all` returns them.
+  """
+  def rate(key):
+    lo, hi = metrics[f"{key}_ci95"]
+    return f"{metrics[key]:.3f} [{lo:.3f}, {hi:.3f}]"
+
+  line = (f"eval {label} (step {step}): success {rate('success')} at "
+          f"T={config.eval.temperature:g}")
+  if "greedy_success" in metrics:
+    line += f", greedy {rate('greedy_success')}"
+  return line + f" ({config.eval.num_levels} levels, 95% Wilson intervals)"
+
+
+def _postfix(m: dict, skipped: int, mutual_info: float | None) -> dict:
+  """The progress bar's postfix of a step's metrics ``m``; ``-`` for what it did not measure."""
+  def fmt(key):
+    v = m.get(key, math.nan)
+    return f"{v:.2f}" if math.isfinite(v) else "-"
+
+  out = {"success": fmt("rollout/success"), "score": fmt("rollout/score"),
+         "std": fmt("filter/reward_std_before"), "entropy": fmt("actor/entropy")}
+  if mutual_info is not None:
+    out["mi"] = f"{mutual_info:.2f}"
+  if skipped:
+    out["skipped"] = str(skipped)
+  return out
+
+
 def run(config, workdir: str, *, progress: bool = True) -> dict:
   """Runs SFT, RL and evaluation (resuming from ``workdir``); returns the summary.
 
   In a multi-process run every process calls it with the same config and
   ``workdir``; checkpoints are written by all, every other file by process
   0, and every process returns the summary.
+
+  A step that applied no update (``train/updates_applied`` 0: the filter
+  kept no group) writes no update metrics (NaN, left out of
+  ``metrics.jsonl``) and counts in ``train/skipped_steps`` and the progress
+  bar's ``skipped``; after ``rl.empty_stop_steps`` (> 0) such steps in a row
+  the run stops there (RAGEN's ``rollout_filter_empty_stop_steps``), still
+  evaluates, and the summary's ``stopped`` says why (None when it ran every
+  step). The final checkpoint is written after the final evaluation and holds
+  its result, so a rerun of a finished run, or of one killed before its
+  summary, evaluates nothing again and writes each record once.
 
   Raises:
     ValueError: a bad config (naming the field), before anything compiles.
@@ -265,56 +334,89 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   writer = (train.MetricsWriter(workdir, resume_step=resume_step, tensorboard=True) if primary
             else _NoWriter())
   progress = progress and primary
+  steps = config.rl.steps
+  # Host counters of the steps that trained nothing: in all, and in a row.
+  counts = {"skipped_steps": 0, "empty_streak": 0}
   if last is None:  # ---- SFT warm start, then the RL state at step 0.
     params = exp.sft(writer, progress=progress)
     summary = {"env": config.env, "algorithm": config.algorithm,
                "sft": exp.evaluate_all(params, "sft", workdir)}
     writer.write(0, {f"eval/sft/{k}": v for k, v in summary["sft"].items()
                      if isinstance(v, float)})
-    logging.info("after SFT: %s", summary["sft"])
+    announce(evaluation_line(config, "after SFT", 0, summary["sft"]), progress)
     state = exp.rl_state(params)
-    ckpt.save(0, state, {"summary": summary, "seconds": time.time() - t_start})
+    ckpt.save(0, state, {"summary": summary, "seconds": time.time() - t_start, **counts})
   else:  # ---- resume.
     meta = ckpt.restore_metadata(last)
     summary = meta["summary"]
+    counts = {k: int(meta.get(k, 0)) for k in counts}  # absent in runs saved before them
     t_start -= meta.get("seconds", 0.0)
     state, _ = ckpt.restore(exp.rl_state_target(), last)  # onto config.mesh
+    announce(f"resuming from step {last} of {steps} in {workdir}", progress)
+  saved = int(state.step)
 
-  # ---- RL.
-  steps = config.rl.steps
-  start = int(state.step)
-  bar = tqdm.tqdm(range(start, steps), initial=start, total=steps, disable=not progress,
-                  desc=f"{config.algorithm} on {config.env}")
-  mutual_info = None
-  # The steps since the last diagnosed one (after a resume: since the resume),
-  # kept only when the diagnostics run: otherwise nothing ever empties it.
-  recent = []
-  diagnosing = common.diagnostics_every(config) > 0
-  ckpt_every = config.checkpoint.every  # 0: only after the last step
-  for step in bar:
-    state, m = exp.rl_step(state, step)  # time/step_seconds included
-    if config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < steps:
-      ev = exp.evaluate(state.params)
-      m.update({f"eval/{k}": v for k, v in ev.items()})
-    writer.write(step + 1, m)
-    if diagnosing:
-      recent.append(m)
-      if "collapse/mutual_info" in m:  # a diagnosed step: the window ends here
-        warn_collapse(config, step + 1, m, progress=progress, recent=recent)
-        recent = []
-    mutual_info = m.get("collapse/mutual_info", mutual_info)  # the last diagnosed
-    bar.set_postfix(success=f"{m['rollout/success']:.2f}", score=f"{m['rollout/score']:.2f}",
-                    std=f"{m['filter/reward_std_before']:.2f}",
-                    entropy=f"{m.get('actor/entropy', 0.0):.2f}",
-                    **({} if mutual_info is None else {"mi": f"{mutual_info:.2f}"}))
-    if (ckpt_every and (step + 1) % ckpt_every == 0) or step + 1 == steps:
-      ckpt.save(step + 1, state, {"summary": summary, "seconds": time.time() - t_start})
+  def save():
+    nonlocal saved
+    ckpt.save(int(state.step), state,
+              {"summary": summary, "seconds": time.time() - t_start, **counts})
+    saved = int(state.step)
+
+  if "rl" not in summary:  # ---- RL, then the final evaluation (else: both done).
+    stop_after = config.rl.get("empty_stop_steps", 0)  # absent in runs saved before it
+    stopped = None
+    bar = tqdm.tqdm(range(int(state.step), steps), initial=int(state.step), total=steps,
+                    disable=not progress, desc=f"{config.algorithm} on {config.env}")
+    mutual_info = None
+    # The steps since the last diagnosed one (after a resume: since the resume),
+    # kept only when the diagnostics run: otherwise nothing ever empties it.
+    recent = []
+    every = common.diagnostics_every(config)
+    ckpt_every = config.checkpoint.every  # 0: only after the last step
+    for step in bar:
+      state, m = exp.rl_step(state, step)  # time/step_seconds included
+      if m["train/updates_applied"] > 0:
+        counts["empty_streak"] = 0
+      else:
+        counts["skipped_steps"] += 1
+        counts["empty_streak"] += 1
+      m["train/skipped_steps"] = float(counts["skipped_steps"])
+      if stop_after and counts["empty_streak"] >= stop_after:
+        stopped = (f"stopped after step {step + 1} of {steps}: {counts['empty_streak']} "
+                   f"steps in a row trained nothing (the filter kept no group; "
+                   f"rl.empty_stop_steps={stop_after})")
+      if (config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < steps
+          and stopped is None):  # (the final evaluation follows a stop)
+        ev = exp.evaluate(state.params)
+        ev.update(exp.evaluate_greedy(state.params))
+        m.update({f"eval/{k}": v for k, v in ev.items()})
+        announce(evaluation_line(config, "during RL", step + 1,
+                                 {**ev, **exp.success_intervals(ev)}), progress)
+      writer.write(step + 1, m)
+      if every:
+        recent.append(m)
+        if common.diagnostics_due(step, every):  # a diagnosed step: the window ends here
+          warn_collapse(config, step + 1, m, progress=progress, recent=recent)
+          recent = []
+          mi = m.get("collapse/mutual_info", math.nan)
+          mutual_info = mi if math.isfinite(mi) else mutual_info  # the last diagnosed
+      bar.set_postfix(_postfix(m, counts["skipped_steps"], mutual_info))
+      if stopped is not None:
+        break
+      if ckpt_every and (step + 1) % ckpt_every == 0 and step + 1 < steps:
+        save()
+    bar.close()
+    if stopped is not None:
+      announce(stopped, progress)
+    summary["rl"] = exp.evaluate_all(state.params, "rl", workdir)
+    summary["steps"] = int(state.step)
+    summary["stopped"] = stopped
+    writer.write(int(state.step), {f"eval/rl/{k}": v for k, v in summary["rl"].items()
+                                   if isinstance(v, float)})
+    announce(evaluation_line(config, "after RL", int(state.step), summary["rl"]), progress)
+    if saved != int(state.step):  # (a run saved before this order has it already)
+      save()  # after the evaluation it holds: a rerun writes no record twice
   ckpt.close()
-  summary["rl"] = exp.evaluate_all(state.params, "rl", workdir)
-  summary["steps"] = int(state.step)
   summary["seconds"] = round(time.time() - t_start, 1)
-  writer.write(int(state.step), {f"eval/rl/{k}": v for k, v in summary["rl"].items()
-                                 if isinstance(v, float)})
   writer.plot(os.path.join(workdir, "curves.png"), panels=curve_panels(config), ncols=4,
               title=curve_title(config))
   writer.close()

@@ -73,7 +73,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       filter_value=filter_value, include_zero=True, num_minibatches=max(1, rows // 32),
       # Each minibatch in micro-batches of one row per device (data x fsdp):
       # a 2,904-token row needs ~69 GiB of float32 activations on one chip.
-      num_microbatches=-1, ppo_epochs=1, old_logprobs="recompute"))
+      num_microbatches=-1, ppo_epochs=1, old_logprobs="recompute",
+      # RAGEN-2's rollout_filter_empty_stop_steps default: stop after 5 steps
+      # in a row whose filter kept no group.
+      empty_stop_steps=5))
   if lora:
     c.lora.update(dict(rank=64, alpha=64.0, dropout=0.0, target_modules="all-linear"))
     c.rl.learning_rate = 1e-5

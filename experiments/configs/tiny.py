@@ -112,7 +112,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       max_grad_norm=1.0, weight_decay=0.0,
       # The sampler's log-probs equal the trainer's to ~1e-5: use them as the
       # PPO old log-probs and skip a forward pass ("recompute": RAGEN's way).
-      old_logprobs="sampler"))
+      old_logprobs="sampler",
+      # Stop after this many steps in a row that trained nothing (the filter
+      # kept no group; RAGEN-2's rollout_filter_empty_stop_steps, 5 there);
+      # 0: never. Off here: the main job's measured figures ran every step
+      # (16 of its 500 steps kept no group).
+      empty_stop_steps=0))
 
   # held_out: evaluation levels that are also training levels (same initial
   # state) are replaced by fresh ones; the summary's held_out_removed counts

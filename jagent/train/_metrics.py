@@ -69,10 +69,9 @@ class PlotSeries:
     sparse: True for a series with a few points (evaluations every N
       steps): drawn as points joined by lines, never smoothed, its legend
       giving the last value. False for a per-step series: drawn raw and
-      faint under its EMA (the panel's ``smoothing``).
-    where: a metric name, or None: the records where it is present and not
-      > 0 are left out (e.g. ``"train/updates_applied"``: the steps without
-      an update, whose entropy and grad norm are written as 0).
+      faint under its EMA (the panel's ``smoothing``). Records without the
+      key (a step that did not measure it, e.g. the entropy of a step that
+      trained nothing) are gaps the EMA skips.
 
   Raises:
     ValueError: from ``__post_init__``, no keys or a key that is not a str.
@@ -80,7 +79,6 @@ class PlotSeries:
   keys: tuple[str, ...] | str
   label: str | None = None
   sparse: bool = False
-  where: str | None = None
 
   def __post_init__(self):
     keys = (self.keys,) if isinstance(self.keys, str) else tuple(self.keys)
@@ -178,14 +176,12 @@ def smooth_curve(values: Sequence[float], smoothing: float) -> np.ndarray:
 def _series_points(records, series: PlotSeries, min_step):
   """``(keys present, steps, values)`` of ``series``: finite points, by step.
 
-  A key is present when a record (from ``min_step`` on, passing
-  ``series.where``) has it, finite or not.
+  A key is present when a record (from ``min_step`` on) has it, finite or not.
   """
   pts, present = [], []
   for k in series.keys:
     got = [(r["step"], r[k]) for r in records
-           if k in r and (min_step is None or r["step"] >= min_step)
-           and (series.where is None or r.get(series.where, 1.0) > 0)]
+           if k in r and (min_step is None or r["step"] >= min_step)]
     if got:
       present.append(k)
       pts.extend(p for p in got if math.isfinite(p[1]))
@@ -348,7 +344,9 @@ class MetricsWriter:
   Each :meth:`write` appends ``{"step": step, key: float, ...}`` as one JSON
   line (flushed at once, so a crash loses at most the line being written) and,
   with TensorBoard on, one scalar per key to event files under
-  ``<workdir>/tensorboard`` (tensorboardX). On resume pass the restored step:
+  ``<workdir>/tensorboard`` (tensorboardX). Pass only what was measured:
+  a non-finite value is written (JSON ``NaN``/``Infinity``) so that a
+  diverging loss shows. On resume pass the restored step:
   records with a larger step (written after that checkpoint) are dropped from
   the file (rewritten atomically) and TensorBoard purges them too, so no step
   appears twice.
@@ -401,7 +399,8 @@ class MetricsWriter:
       step: the step (Python int).
       metrics: ``{name: scalar}`` (Python, numpy or jax scalars; fetched
         from the device here). Non-finite values are written as JSON
-        ``NaN``/``Infinity`` (Python's json reads them back).
+        ``NaN``/``Infinity`` (Python's json reads them back); leave out
+        what the step did not measure.
 
     Raises:
       ValueError: a non-scalar value or a key named ``step``.

@@ -118,8 +118,9 @@ def compact_groups(traj: _trajectory.Trajectory, num_keep: int,
   Returns:
     ``(trajectory of K * G rows, metrics)`` with metrics
     ``filter/reward_std_before``, ``filter/reward_std_after`` (mean in-group
-    std of raw scores over all / kept groups), ``filter/kept_groups`` and
-    ``filter/nonzero_std_frac`` (share of groups with any reward variance).
+    std of raw scores over all / kept groups; the latter NaN when no group
+    is kept), ``filter/kept_groups`` and ``filter/nonzero_std_frac`` (share
+    of groups with any reward variance).
 
   Raises:
     ValueError: ``num_keep`` out of range or ``filter_config`` not a
@@ -155,8 +156,9 @@ def compact_groups(traj: _trajectory.Trajectory, num_keep: int,
   kept_std = std[order]
   metrics = {
       "filter/reward_std_before": jnp.mean(std),
-      "filter/reward_std_after": jnp.sum(jnp.where(keep[order], kept_std, 0.0)) / jnp.maximum(
-          jnp.sum(keep[order]), 1),
+      # NaN when no group is kept: a mean over no group, not a std of 0.
+      "filter/reward_std_after": jnp.sum(jnp.where(keep[order], kept_std, 0.0))
+                                 / jnp.sum(keep[order]),
       "filter/kept_groups": jnp.sum(keep[order]).astype(jnp.float32),
       "filter/nonzero_std_frac": jnp.mean((std > _filters.ZERO_STD).astype(jnp.float32)),
   }
@@ -223,7 +225,9 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
     ``train/context_tokens`` (``num_keep x G x S``, padding included), the
     filter's ``filter/*`` (:func:`compact_groups`) and everything
     :func:`jagent.train.train_step` reports (``actor/entropy``,
-    ``train/grad_norm``, ``loss/*``, ...).
+    ``train/grad_norm``, ``loss/*``, ...). An iteration whose filter kept no
+    group trains nothing (``train/updates_applied`` 0) and reports its
+    update metrics and ``filter/reward_std_after`` as NaN (not measured).
 
   Raises:
     ValueError: (at trace time) ``filter_config`` not a FilterConfig, ``num_keep``

@@ -219,17 +219,26 @@ def _dropout_keys(key, n: int):
   return jax.random.split(jax.random.fold_in(key, 1), n)
 
 
-def _masked_mean(x, m):
-  return losses.safe_ratio(jnp.sum(x * m), jnp.sum(m))
+def _metric_mean(x, m):
+  """Mean of metric ``x`` weighted by ``m >= 0``; NaN when ``sum(m) == 0``.
+
+  A mean over nothing is not measured: a step whose filter kept no group
+  has no entropy, loss or grad norm, and 0 would read as a collapsed policy.
+  Values where ``m == 0`` are ignored (they may be NaN). A metric only:
+  nothing differentiates it.
+  """
+  m = jnp.asarray(m, jnp.float32)
+  total = jnp.sum(m)
+  s = jnp.sum(jnp.where(m > 0, x, 0.0) * m)
+  return jnp.where(total > 0, s / jnp.where(total > 0, total, 1.0), jnp.nan)
 
 
 def _weighted(metrics: dict[str, Array]) -> dict[str, Array]:
-  """Token-weighted mean of per-chunk metrics (any leading shape)."""
+  """Token-weighted mean of per-chunk metrics (any leading shape); NaN without tokens."""
   if _TOKENS_KEY not in metrics:
     return {k: jnp.mean(v) for k, v in metrics.items()}
   w = metrics[_TOKENS_KEY]
-  out = {k: losses.safe_ratio(jnp.sum(v * w), jnp.sum(w))
-         for k, v in metrics.items() if k != _TOKENS_KEY}
+  out = {k: _metric_mean(v, w) for k, v in metrics.items() if k != _TOKENS_KEY}
   out[_TOKENS_KEY] = jnp.sum(w)
   return out
 
@@ -291,25 +300,21 @@ def _reduce_updates(per_update: dict[str, Array]) -> dict[str, Array]:
   """Per-update metrics [E, M] (update metrics) -> float32 scalars."""
   applied = per_update["train/applied"]
   nonempty = 1.0 - per_update["train/empty"]
-  finite_gn = jnp.isfinite(per_update["train/grad_norm"])
+  gn = per_update["train/grad_norm"]
+  measured = jnp.isfinite(gn) & (nonempty > 0)  # empty updates have no gradient
   out = {
       "train/updates_applied": jnp.sum(applied),
       "train/updates_nonfinite": jnp.sum(per_update["train/nonfinite"]),
       "train/updates_empty": jnp.sum(per_update["train/empty"]),
-      "train/grad_norm": _masked_mean(
-          jnp.where(finite_gn, per_update["train/grad_norm"], 0.0),
-          nonempty * finite_gn),
-      "train/grad_norm_max": jnp.max(jnp.where(
-          finite_gn & (nonempty > 0), per_update["train/grad_norm"], 0.0)),
+      "train/grad_norm": _metric_mean(gn, measured),
+      "train/grad_norm_max": jnp.where(jnp.any(measured),
+                                       jnp.max(jnp.where(measured, gn, 0.0)), jnp.nan),
       "train/lr": per_update["train/lr"].reshape(-1)[-1],
-      "loss/total": _masked_mean(
-          jnp.where(nonempty > 0, per_update["loss/minibatch"], 0.0), nonempty),
+      "loss/total": _metric_mean(per_update["loss/minibatch"], nonempty),
   }
   if "train/critic_grad_norm" in per_update:
     gn = per_update["train/critic_grad_norm"]
-    ok = jnp.isfinite(gn)
-    out["train/critic_grad_norm"] = _masked_mean(jnp.where(ok, gn, 0.0),
-                                                 nonempty * ok)
+    out["train/critic_grad_norm"] = _metric_mean(gn, jnp.isfinite(gn) & (nonempty > 0))
     out["train/critic_lr"] = per_update["train/critic_lr"].reshape(-1)[-1]
   return out
 
@@ -363,7 +368,7 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
   if not from_sampler or has_critic or has_ref:
     pre = jax.lax.stop_gradient(_merge(jax.lax.map(
         no_grad, (_split(tokens, m_mb * k_mb), _split(mask0, m_mb * k_mb)))))
-    metrics["actor/entropy"] = _masked_mean(pre["entropy"], mask0)
+    metrics["actor/entropy"] = _metric_mean(pre["entropy"], mask0)
   batch = batch.replace(old_logprobs=jnp.asarray(batch.sampler_logprobs, jnp.float32)
                         if from_sampler else pre["old"])
   if has_critic:
@@ -373,10 +378,11 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
   if pre is not None and batch.sampler_logprobs is not None:
     diff = jnp.abs(pre["old"] - jnp.asarray(batch.sampler_logprobs,
                                             jnp.float32)) * mask0
-    metrics["rollout/logprob_diff_mean"] = _masked_mean(diff, mask0)
-    metrics["rollout/logprob_diff_max"] = jnp.max(diff)
+    metrics["rollout/logprob_diff_mean"] = _metric_mean(diff, mask0)
+    metrics["rollout/logprob_diff_max"] = jnp.where(jnp.any(mask0 > 0), jnp.max(diff),
+                                                    jnp.nan)
   if has_ref:
-    metrics["actor/ref_kl_k1"] = _masked_mean(batch.old_logprobs - pre["ref"], mask0)
+    metrics["actor/ref_kl_k1"] = _metric_mean(batch.old_logprobs - pre["ref"], mask0)
 
   # 2. The objective's batch transform (advantages, filter, batch metrics).
   batch, obj_state = objective.update(batch, state.objective_state)
@@ -387,9 +393,9 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
   mask = jnp.asarray(rows.loss_mask, jnp.float32)
   metrics["train/trained_tokens"] = jnp.sum(mask)
   if has_critic:
-    metrics["critic/values_mean"] = _masked_mean(batch.values, mask)
+    metrics["critic/values_mean"] = _metric_mean(batch.values, mask)
     if batch.returns is not None:
-      metrics["critic/returns_mean"] = _masked_mean(batch.returns, mask)
+      metrics["critic/returns_mean"] = _metric_mean(batch.returns, mask)
 
   def micro_loss(trainable, micro_and_key):
     micro, key = micro_and_key
@@ -399,7 +405,7 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
                    temperature=c.temperature, dropout_key=key)
     loss = objective.loss(out, micro)
     if pre is None:  # the entropy diagnostic, from this forward instead
-      return loss.loss_sum, {**loss.metrics, "actor/entropy": _masked_mean(
+      return loss.loss_sum, {**loss.metrics, "actor/entropy": _metric_mean(
           jax.lax.stop_gradient(out.entropy), micro.loss_mask)}
     return loss.loss_sum, loss.metrics
 
@@ -491,7 +497,12 @@ def train_step(state: _state.TrainState, batch: transforms.Batch, *,
     counts ``train/skipped_*_total``, ``first_minibatch/policy/ratio`` and
     ``.../clip_frac`` (exactly on-policy: ratio 1, clip fraction 0), with a
     critic ``train/critic_grad_norm``, ``critic/*``; with sampler log-probs
-    ``rollout/logprob_diff_mean|max`` (sampler vs trainer).
+    ``rollout/logprob_diff_mean|max`` (sampler vs trainer). A mean or max
+    over nothing is NaN, not 0: on a batch without a trained token (every
+    loss-mask entry 0, e.g. a filter that kept no group) the entropy, the
+    loss metrics, the grad norms, ``loss/total`` and the log-prob and critic
+    means are NaN (``train/updates_applied`` is then 0); the counts,
+    ``train/trained_tokens`` and the learning rates stay finite.
 
   Raises:
     ValueError: (at trace time) missing tokens/loss_mask, bad shapes, B not

@@ -4,12 +4,16 @@ ValidateTest, AlgorithmKwargsTest and ConfigFieldTest build no model and compile
 nothing: validate only reads the config.
 """
 
+from absl import app
+from absl import flags
+from absl import logging
 from absl.testing import absltest
 from absl.testing import parameterized
 import ml_collections
 import numpy as np
 
 from experiments import common
+from experiments.configs import ragen
 from experiments.configs import tiny
 from jagent import transforms
 
@@ -234,6 +238,68 @@ class ConfigFieldTest(absltest.TestCase):
       common.validate(_config(**{"sft.num_demos": 8, "sft.batch_size": 9}))
     common.validate(_config(**{"sft.num_demos": 8, "sft.batch_size": 9,
                                "rollout.history_turns": 0, "rollout.max_turns": 2}))
+
+
+  def test_empty_stop_steps(self):
+    self.assertEqual(_config()["rl"]["empty_stop_steps"], 0)  # never
+    self.assertEqual(ragen.get_config("Sokoban-6x6-1box-v0,starpo_s").rl.empty_stop_steps, 5)
+    common.validate(_config(**{"rl.empty_stop_steps": 3}))
+    old = _config()
+    del old.rl["empty_stop_steps"]  # a run saved before the field: never
+    common.validate(old)
+    for value in (-1, 2.5, True, "5"):
+      c = _config()
+      with c.rl.ignore_type():
+        c.rl.empty_stop_steps = value
+      with self.assertRaisesRegex(
+          ValueError, rf"^config\.rl\.empty_stop_steps={value!r}: must be an int >= 0"):
+        common.validate(c)
+
+
+class WilsonIntervalTest(absltest.TestCase):
+
+  def test_by_hand(self):
+    z2 = 1.959963984540054 ** 2
+    # No success in 10: [0, z^2 / (n + z^2)]; all 10: [n / (n + z^2), 1].
+    lo, hi = common.wilson_interval(0.0, 10)
+    self.assertAlmostEqual(lo, 0.0, places=12)
+    self.assertAlmostEqual(hi, z2 / (10 + z2), places=12)
+    self.assertAlmostEqual(hi, 0.27753, places=5)
+    lo, hi = common.wilson_interval(1.0, 10)
+    self.assertAlmostEqual(lo, 10 / (10 + z2), places=12)
+    self.assertAlmostEqual(hi, 1.0, places=12)
+    # Half of 512 levels: centred on 0.5, half width
+    # 1.96 sqrt(0.25/512 + 3.8415/(4 * 512^2)) / (1 + 3.8415/512) = 0.04315
+    # (the normal approximation's 0.04331).
+    lo, hi = common.wilson_interval(0.5, 512)
+    self.assertAlmostEqual((lo + hi) / 2, 0.5, places=12)
+    self.assertAlmostEqual(hi - 0.5, 0.04315, places=5)
+    # 0.479 of 512 (the main job's): centre pulled towards 0.5.
+    lo, hi = common.wilson_interval(0.479, 512)
+    self.assertAlmostEqual(lo, 0.43606, places=4)
+    self.assertAlmostEqual(hi, 0.52227, places=4)
+
+  def test_errors(self):
+    with self.assertRaisesRegex(ValueError, "n=0"):
+      common.wilson_interval(0.5, 0)
+    with self.assertRaisesRegex(ValueError, "rate=1.5"):
+      common.wilson_interval(1.5, 10)
+
+
+class QuietLogsTest(absltest.TestCase):
+  """absl INFO messages are off under app.run unless --verbosity is given."""
+
+  def test_warning_unless_the_flag_is_given(self):
+    self.assertIn(common.quiet_logs, app._init_callbacks)  # pylint: disable=protected-access
+    flag = flags.FLAGS["verbosity"]
+    present, level = flag.present, logging.get_verbosity()
+    self.addCleanup(setattr, flag, "present", present)
+    self.addCleanup(logging.set_verbosity, level)
+    for given, want in ((0, logging.WARNING), (1, logging.INFO)):
+      flag.present = given
+      logging.set_verbosity(logging.INFO)  # what app.run sets without the flag
+      common.quiet_logs()
+      self.assertEqual(logging.get_verbosity(), want, given)
 
 
 class DemonstrationsTest(absltest.TestCase):

@@ -109,11 +109,26 @@ class AlertTest(absltest.TestCase):
     self.assertEqual(line, "Echo Trap warning at step 25: filter/reward_std_before=0.04 "
                      "(mean of 3 steps) < diagnostics.min_reward_std=0.1; actor/entropy=0.015 "
                      "(mean of 3 steps) < diagnostics.min_entropy=0.02")
-    # Steps without an update (entropy written as 0) do not count for the entropy.
-    skipped = {"filter/reward_std_before": 0.3, "actor/entropy": 0.0,
+    # Steps that trained nothing measured no entropy (NaN in the loop, absent in
+    # metrics.jsonl): they do not count for it, their reward std does.
+    skipped = {"filter/reward_std_before": 0.3, "actor/entropy": float("nan"),
                "train/updates_applied": 0.0}
     window = [skipped] * 5 + [{**_HEALTHY, "train/updates_applied": 1.0}]
     self.assertIsNone(common.collapse_alert(c, 25, window[-1], window))
+    window[-1] = {**_HEALTHY, "actor/entropy": 0.01}
+    line = common.collapse_alert(c, 25, window[-1], window[:2] + window[-1:])
+    self.assertEqual(line, "Echo Trap warning at step 25: actor/entropy=0.01 < "
+                     "diagnostics.min_entropy=0.02")
+    # A step whose diagnostics did not run (all their NaNs) is not a diagnosed step.
+    nan = float("nan")
+    undiagnosed = {**window[-1], "collapse/mutual_info": nan, "collapse/reply_entropy": nan,
+                   "collapse/replies": nan}
+    self.assertIsNone(common.collapse_alert(c, 26, undiagnosed))
+    # One that ran without a valid (prompt, reply) pair (I(X;Z) NaN) still checks the rest.
+    no_pair = {**undiagnosed, "collapse/replies": 0.0}
+    self.assertEqual(common.collapse_alert(c, 27, no_pair),
+                     "Echo Trap warning at step 27: actor/entropy=0.01 < "
+                     "diagnostics.min_entropy=0.02")
 
   def test_the_train_loop_logs_it_and_writes_it_under_the_bar(self):
     c = _config(**{"diagnostics.min_entropy": 0.5})

@@ -158,6 +158,14 @@ class MultiProcessTest(absltest.TestCase):
     self.assertEqual([r["step"] for r in records], [0, 0, 1, 2, 3, 3])
     self.assertIn("sft/nll", records[0])
 
+  def test_no_info_lines_on_stderr(self):
+    # absl's INFO messages (orbax's checkpoint chatter, jax's backend probes)
+    # are off unless --verbosity is passed (experiments.common.quiet_logs):
+    # the one-process run's stderr has progress bars and no "I<mmdd> ..." line.
+    err = self.outputs[2][1]
+    self.assertIn("ppo on Bandit-v0", err)  # the RL progress bar
+    self.assertEqual(re.findall(r"^I\d{4} .*$", err, re.MULTILINE), [])
+
   def test_metrics_equal_one_process(self):
     want = jtrain.read_metrics(os.path.join(self.ref_workdir, "metrics.jsonl"))
     got = jtrain.read_metrics(os.path.join(self.workdir, "metrics.jsonl"))

@@ -178,6 +178,10 @@ class SweepSpecTest(absltest.TestCase):
       meshed.mesh = "data:2"
       with self.assertRaisesRegex(ValueError, r"config\.mesh='data:2'"):
         sweep.sweep(meshed, None, seeds=2)
+      stopping = _config()
+      stopping.rl.empty_stop_steps = 5
+      with self.assertRaisesRegex(ValueError, r"config\.rl\.empty_stop_steps=5: a sweep"):
+        sweep.sweep(stopping, None, seeds=2)
       bad = _config()
       bad.rollout.group_size = 0
       with self.assertRaisesRegex(ValueError, r"config\.rollout\.group_size="):

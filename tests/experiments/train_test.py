@@ -5,7 +5,8 @@ shared by the tests: a tiny model (``nano``), a format-only SFT warm start,
 then Dr.GRPO with StarPO-S's uncertainty filter (top 25% of groups by raw
 reward std) until the policy answers the high arm. ``WindowedTrainTest``
 kills and resumes a tiny Sokoban run with ``rollout.history_turns=0`` (one
-row per turn) the same way.
+row per turn) the same way; its policy writes no valid reply, so its steps
+train nothing and ``rl.empty_stop_steps`` stops it early.
 
 Why a warm start at all: a randomly initialised model never writes the
 ``<answer>Dragon</answer>`` format (7 specific tokens of a 512-token
@@ -69,7 +70,7 @@ def _bandit_config():
                    decay="constant", filter_mode="top_fraction", filter_value=0.25,
                    include_zero=False, num_minibatches=1, ppo_epochs=1))
   c.eval.update(dict(num_levels=32, num_groups=32, every=_CHECKPOINT_EVERY,
-                     temperature=0.5, greedy=False, samples=2))
+                     temperature=0.5, greedy=True, samples=2))
   c.checkpoint.update(dict(every=_CHECKPOINT_EVERY, keep=2))
   # RAGEN-2's collapse diagnostics on logged steps 1, 4 and 8.
   c.diagnostics.update(dict(every=_CHECKPOINT_EVERY, num_rows=32))
@@ -77,20 +78,25 @@ def _bandit_config():
 
 
 def _windowed_config():
-  """A tiny Sokoban run with one row per turn (history_turns = 0).
+  """A tiny Sokoban run with one row per turn (history_turns = 0) that trains nothing.
 
-  A nano model, a 4-step SFT and 3 RL steps of 4 groups x 2 episodes of 3
-  turns (StarPO-S keeps 2 groups: 12 turn rows), checkpoints every 2 steps:
-  enough to interrupt after a checkpoint and resume; the compiles dominate.
-  The collapse diagnostics and the held-out evaluation stay on, so the resume
-  test also checks that their records are written once and equal.
+  A nano model, a 4-step SFT and up to 4 RL steps of 4 groups x 2 episodes
+  of 3 turns (StarPO-S keeps 2 groups: 12 turn rows), checkpoints every 2
+  steps: enough to interrupt after a checkpoint and resume; the compiles
+  dominate. After 4 SFT steps the nano model writes no valid reply (format
+  0, score -0.3 every episode), so every group has zero reward std and
+  StarPO-S (include_zero=False) keeps none: every step trains nothing, and
+  ``rl.empty_stop_steps=3`` stops the run after step 3 of 4. The collapse
+  diagnostics and the held-out evaluation stay on, so the resume test also
+  checks that their records are written once and equal, and that a resumed
+  run counts the empty steps before its checkpoint towards the stop.
   """
   c = tiny.get_config("Sokoban-6x6-1box-v0,starpo_s")
   c.model = "nano"
   c.seed = 0
   c.rollout.update(dict(num_groups=4, group_size=2, max_turns=3, history_turns=0))
   c.sft.update(dict(num_demos=8, steps=4, batch_size=8, warmup_steps=1))
-  c.rl.update(dict(steps=3, warmup_steps=0, learning_rate=1e-3))
+  c.rl.update(dict(steps=4, warmup_steps=0, learning_rate=1e-3, empty_stop_steps=3))
   c.eval.update(dict(num_levels=4, num_groups=4, every=2, greedy=False, samples=1))
   c.checkpoint.update(dict(every=2, keep=2))
   c.diagnostics.update(dict(every=3, num_rows=8))
@@ -226,6 +232,19 @@ class CurvePanelsTest(absltest.TestCase):
                      [0.96, 0.8, 0.5, 0.5, 0.5, 0.98])
 
 
+class ProgressBarTest(absltest.TestCase):
+
+  def test_postfix_marks_steps_that_trained_nothing(self):
+    m = {"rollout/success": 0.25, "rollout/score": -0.3, "filter/reward_std_before": 0.0,
+         "actor/entropy": float("nan")}  # not measured: the filter kept no group
+    self.assertEqual(train_job._postfix(m, 3, 0.512), {  # pylint: disable=protected-access
+        "success": "0.25", "score": "-0.30", "std": "0.00", "entropy": "-", "mi": "0.51",
+        "skipped": "3"})
+    m["actor/entropy"] = 1.234
+    self.assertEqual(train_job._postfix(m, 0, None), {  # pylint: disable=protected-access
+        "success": "0.25", "score": "-0.30", "std": "0.00", "entropy": "1.23"})
+
+
 class _Killed(Exception):
   pass
 
@@ -258,7 +277,24 @@ def _assert_resumes(test, config, want_workdir, want_summary, workdir, kill_at):
   test.assertEqual(max(logged), kill_at)
   test.assertFalse(os.path.exists(os.path.join(workdir, "eval_summary.json")))
 
-  summary = _run(config, workdir)  # resumes from the last checkpoint
+  # Resumed from the last checkpoint (it says so), killed again after the final
+  # checkpoint, before the summary; the rerun then only finishes: it evaluates
+  # nothing again and writes no record twice.
+  last = kill_at // config.checkpoint.every * config.checkpoint.every
+  steps = config.rl.steps
+  with mock.patch.object(common.Experiment, "export", side_effect=_Killed("export")), \
+       mock.patch.object(train_job, "announce", wraps=train_job.announce) as said:
+    with test.assertRaises(_Killed):
+      _run(config, workdir)
+  test.assertEqual(said.call_args_list[0].args[0],
+                   f"resuming from step {last} of {steps} in {workdir}")
+  test.assertFalse(os.path.exists(os.path.join(workdir, "eval_summary.json")))
+  with mock.patch.object(common.Experiment, "evaluate_all") as evaluate_all, \
+       mock.patch.object(train_job, "announce", wraps=train_job.announce) as said:
+    summary = _run(config, workdir)
+  evaluate_all.assert_not_called()
+  test.assertEqual([c.args[0] for c in said.call_args_list],
+                   [f"resuming from step {want_summary['steps']} of {steps} in {workdir}"])
 
   # Same metrics, record for record (the resumed run dropped the records
   # written after its checkpoint and wrote them again).
@@ -275,7 +311,7 @@ def _assert_resumes(test, config, want_workdir, want_summary, workdir, kill_at):
   exp = common.Experiment(config)
   want_state, _ = _restore(exp, want_workdir)
   got_state, meta = _restore(exp, workdir)
-  test.assertEqual(int(got_state.step), config.rl.steps)
+  test.assertEqual(int(got_state.step), want_summary["steps"])
   test.assertEqual(meta["summary"]["sft"], want_summary["sft"])
   w_leaves = jax.tree.leaves_with_path(want_state)
   g_leaves = jax.tree.leaves_with_path(got_state)
@@ -296,7 +332,9 @@ class TrainTest(absltest.TestCase):
     cls.root = tempfile.mkdtemp(prefix="train_test_")
     cls.workdir = os.path.join(cls.root, "bandit")
     cls.config = _bandit_config()
-    cls.summary = _run(cls.config, cls.workdir)
+    with mock.patch.object(train_job, "announce", wraps=train_job.announce) as said:
+      cls.summary = _run(cls.config, cls.workdir)
+    cls.lines = [c.args[0] for c in said.call_args_list]
 
   @classmethod
   def tearDownClass(cls):
@@ -383,24 +421,41 @@ class TrainTest(absltest.TestCase):
     for stage in ("sft", "rl"):
       for k in ("success", "score", "actions", "turns", "format_valid_frac"):
         self.assertIn(k, summary[stage])
+      # 95% Wilson intervals over the 32 levels.
+      for k in ("success", "greedy_success"):
+        lo, hi = summary[stage][f"{k}_ci95"]
+        self.assertEqual((lo, hi), common.wilson_interval(summary[stage][k], 32))
+        self.assertBetween(summary[stage][k], lo, hi)
     self.assertEqual(summary["steps"], _RL_STEPS)
+    self.assertIsNone(summary["stopped"])
 
     records = jtrain.read_metrics(os.path.join(w, "metrics.jsonl"))
     rl = [r for r in records if r["step"] >= 1 and "rollout/success" in r]
     self.assertEqual([r["step"] for r in rl], list(range(1, _RL_STEPS + 1)))
-    echo_trap = ("filter/reward_std_before", "filter/reward_std_after", "actor/entropy",
-                 "train/grad_norm", "policy/clip_frac", "rollout/reply_tokens",
+    echo_trap = ("filter/reward_std_before", "rollout/reply_tokens",
                  "rollout/success", "rollout/pass_at_group", "rollout/valid_action_frac",
-                 "rollout/effective_action_frac", "rollout/reward_std_in_group")
+                 "rollout/effective_action_frac", "rollout/reward_std_in_group",
+                 "train/updates_applied", "train/skipped_steps")
+    # What an update measures: absent (not 0) on a step that trained nothing.
+    update = ("filter/reward_std_after", "actor/entropy", "train/grad_norm",
+              "train/grad_norm_max", "policy/clip_frac", "loss/total")
     # One program per iteration: its wall time and throughput per second of it.
     throughput = ("time/step_seconds", "throughput/rollout_tokens_per_s",
                   "throughput/env_turns_per_s", "throughput/train_tokens_per_s")
+    skipped = 0
     for r in rl:
       for k in echo_trap + throughput:
         self.assertIn(k, r, f"step {r['step']}")
       for k in throughput:
         self.assertGreater(r[k], 0.0, (k, r["step"]))
-      self.assertGreaterEqual(r["filter/reward_std_after"], r["filter/reward_std_before"])
+      trained = r["train/updates_applied"] > 0
+      self.assertEqual(trained, r["filter/kept_groups"] > 0, r["step"])
+      skipped += not trained
+      self.assertEqual(r["train/skipped_steps"], skipped)
+      for k in update:
+        self.assertEqual(k in r, trained, (k, r["step"]))
+      if trained:
+        self.assertGreaterEqual(r["filter/reward_std_after"], r["filter/reward_std_before"])
       self.assertBetween(r["rollout/success"], 0.0, 1.0)
     # Bandit: one turn and one action per episode, 8 x 4 rollouts, 2 groups kept.
     self.assertTrue(all(r["rollout/turns"] == 1.0 for r in rl))
@@ -414,9 +469,12 @@ class TrainTest(absltest.TestCase):
       self.assertBetween(r["collapse/replies"], 1.0, 32.0)
       self.assertGreaterEqual(r["collapse/reply_entropy"], 0.0)
       self.assertLessEqual(r["collapse/mutual_info"], np.log(r["collapse/replies"]) + 1e-4)
-    self.assertTrue(any("eval/sft/success" in r for r in records if r["step"] == 0))
-    self.assertTrue(any("eval/success" in r for r in records if r["step"] == _CHECKPOINT_EVERY))
-    self.assertTrue(any("eval/rl/success" in r for r in records if r["step"] == _RL_STEPS))
+    # Every evaluation at the temperature and greedily, once each.
+    evals = sorted((r["step"], k) for r in records for k in r
+                   if k.startswith("eval/") and k.endswith("success"))
+    self.assertEqual(evals, [(0, "eval/sft/greedy_success"), (0, "eval/sft/success"),
+                             (4, "eval/greedy_success"), (4, "eval/success"),
+                             (8, "eval/rl/greedy_success"), (8, "eval/rl/success")])
     self.assertTrue(any("sft/nll" in r for r in records if r["step"] <= 0))
 
     self.assertGreater(os.path.getsize(os.path.join(w, "curves.png")), 1000)
@@ -432,6 +490,22 @@ class TrainTest(absltest.TestCase):
     self.assertTrue(glob.glob(os.path.join(w, "tensorboard", "events.out.tfevents.*")))
     with open(os.path.join(w, "config.json")) as f:
       self.assertEqual(json.load(f)["rl"]["steps"], _RL_STEPS)
+
+  def test_each_evaluation_prints_one_line(self):
+    def line(label, step, m):
+      (lo, hi), (glo, ghi) = (common.wilson_interval(m[k], 32)
+                              for k in ("success", "greedy_success"))
+      return (f"eval {label} (step {step}): success {m['success']:.3f} [{lo:.3f}, {hi:.3f}] "
+              f"at T=0.5, greedy {m['greedy_success']:.3f} [{glo:.3f}, {ghi:.3f}] "
+              "(32 levels, 95% Wilson intervals)")
+
+    records = jtrain.read_metrics(os.path.join(self.workdir, "metrics.jsonl"))
+    mid = next(r for r in records if "eval/success" in r)
+    self.assertEqual(self.lines, [
+        line("after SFT", 0, self.summary["sft"]),
+        line("during RL", 4, {"success": mid["eval/success"],
+                              "greedy_success": mid["eval/greedy_success"]}),
+        line("after RL", 8, self.summary["rl"])])
 
   # ------------------------------------------------------------- eval.py
   def test_eval_entry_point_same_env_and_another_env(self):
@@ -490,19 +564,34 @@ class WindowedTrainTest(absltest.TestCase):
     self.addCleanup(shutil.rmtree, root, ignore_errors=True)
     config = _windowed_config()
     workdir = os.path.join(root, "whole")
-    with mock.patch.object(train_job, "warn_collapse", wraps=train_job.warn_collapse) as warn:
+    with mock.patch.object(train_job, "warn_collapse", wraps=train_job.warn_collapse) as warn, \
+         mock.patch.object(train_job, "announce", wraps=train_job.announce) as said:
       summary = _run(config, workdir)
-    self.assertEqual(summary["steps"], config.rl.steps)
-    # The update trained turn rows: 2 kept groups x 2 episodes x 3 turns of
-    # the one-turn context S (not episodes of the full-history context).
+    # Three steps in a row kept no group: stopped after step 3 of 4, evaluated.
+    stopped = ("stopped after step 3 of 4: 3 steps in a row trained nothing (the filter "
+               "kept no group; rl.empty_stop_steps=3)")
+    self.assertEqual((summary["steps"], summary["stopped"]), (3, stopped))
+    lines = [c.args[0] for c in said.call_args_list]
+    self.assertEqual([line.split(":")[0] for line in lines],
+                     ["eval after SFT (step 0)", "eval during RL (step 2)",
+                      "stopped after step 3 of 4", "eval after RL (step 3)"])
+    self.assertEqual(lines[2], stopped)
+    # The compacted batch holds turn rows: 2 kept slots x 2 episodes x 3 turns
+    # of the one-turn context S (not episodes of the full-history context).
     exp = common.Experiment(config)
     self.assertEqual(exp.rollout_config.history_turns, 0)
     records = jtrain.read_metrics(os.path.join(workdir, "metrics.jsonl"))
     rl = [r for r in records if "rollout/success" in r]
-    self.assertLen(rl, config.rl.steps)
+    self.assertLen(rl, 3)
     for r in rl:
       self.assertEqual(r["train/context_tokens"], 2 * 2 * 3 * exp.context_size)
       self.assertGreater(r["rollout/turns"], 1.0)
+      # Nothing trained: counted, and no update metric written (not zeros).
+      self.assertEqual((r["filter/kept_groups"], r["train/updates_applied"],
+                        r["train/skipped_steps"]), (0.0, 0.0, r["step"]))
+      for k in ("actor/entropy", "train/grad_norm", "loss/total", "policy/clip_frac",
+                "filter/reward_std_after"):
+        self.assertNotIn(k, r)
     # The Echo Trap check runs on the diagnosed steps (1, 3) over the steps
     # since the previous one: [1], then [2, 3] (told apart by their times).
     t = "time/step_seconds"
@@ -511,7 +600,9 @@ class WindowedTrainTest(absltest.TestCase):
                      [(1, [rl[0][t]]), (3, [rl[1][t], rl[2][t]])])
     # The extras the resume must reproduce: diagnostics on steps 1 and 3, the
     # held-out evaluation at step 2 (every=2) and after SFT.
-    self.assertEqual([r["step"] for r in records if "collapse/mutual_info" in r], [1, 3])
+    # (No reply is a valid pair, so I(X;Z) is not measured: NaN, left out.)
+    self.assertEqual([r["step"] for r in records if "collapse/replies" in r], [1, 3])
+    self.assertFalse(any("collapse/mutual_info" in r for r in records))
     self.assertIn(2, [r["step"] for r in records if "eval/success" in r])
     _assert_resumes(self, config, workdir, summary, os.path.join(root, "killed"), kill_at=2)
 

@@ -29,14 +29,16 @@ class MetricsTest(absltest.TestCase):
     self.assertFalse(w.tensorboard)
     for step in range(1, 6):
       w.write(step, {"loss": jnp.float32(step / 10), "n": np.int32(step),
-                     "bad": float("nan") if step == 2 else 0.0})
+                     "bad": {2: float("nan"), 3: jnp.float32(-jnp.inf)}.get(step, 0.0)})
     w.close()
     path = os.path.join(self.workdir, "metrics.jsonl")
     records = train.read_metrics(path)
     self.assertEqual([r["step"] for r in records], [1, 2, 3, 4, 5])
     self.assertAlmostEqual(records[2]["loss"], 0.3, places=6)
     self.assertEqual(records[3]["n"], 4.0)
+    # Non-finite values are written (a diverging loss must show) and read back.
     self.assertTrue(math.isnan(records[1]["bad"]))
+    self.assertEqual(records[2]["bad"], -math.inf)
     # Crash after the checkpoint of step 3: steps 4 and 5 are written again.
     w = train.MetricsWriter(self.workdir, resume_step=3, tensorboard=False)
     for step in (4, 5, 6):
@@ -172,9 +174,10 @@ def _run_records():
   for step in range(1, 7):
     records.append({"step": step, "rollout/success": step / 10,
                     "filter/reward_std_before": 1.0, "filter/reward_std_after": 2.0,
-                    "actor/entropy": 0.0 if step == 3 else 0.5 + step,
                     "train/updates_applied": 0.0 if step == 3 else 1.0,
                     "train/grad_norm": float("nan") if step == 2 else float(step)})
+    if step != 3:  # step 3 trained nothing: the run leaves its entropy out
+      records[-1]["actor/entropy"] = 0.5 + step
   records[-3]["eval/success"] = 0.3  # step 4
   records.append({"step": 6, "eval/rl/success": 0.4, "eval/rl/greedy_success": 0.6})
   return records
@@ -189,9 +192,7 @@ _PANELS = (
     train.PlotPanel("Collapse (nats)", ("collapse/reply_entropy", "collapse/mutual_info")),
     train.PlotPanel("Reward std", ("filter/reward_std_before", "filter/reward_std_after",
                                    "filter/absent"), smoothing=0.5),
-    train.PlotPanel("Entropy",
-                    train.PlotSeries("actor/entropy", where="train/updates_applied"),
-                    smoothing=0.5, min_step=1),
+    train.PlotPanel("Entropy", "actor/entropy", smoothing=0.5, min_step=1),
     train.PlotPanel("Grad norm", "train/grad_norm", baseline=1.0, min_step=1),
     train.PlotPanel("Greedy", train.PlotSeries("eval/rl/greedy_success", sparse=True),
                     baseline="eval/sft/absent"),
@@ -226,7 +227,7 @@ class PlotPanelsTest(absltest.TestCase):
     (_, [(_, steps, values)]) = layout[0]  # merged in step order
     np.testing.assert_array_equal(steps, [0, 4, 6])
     np.testing.assert_array_equal(values, [0.25, 0.3, 0.4])
-    (_, [(_, steps, values)]) = layout[2]  # step 3 had no update
+    (_, [(_, steps, values)]) = layout[2]  # step 3 had no update: a gap
     np.testing.assert_array_equal(steps, [1, 2, 4, 5, 6])
     np.testing.assert_array_equal(values, [1.5, 2.5, 4.5, 5.5, 6.5])
     (_, [(_, steps, values)]) = layout[3]  # no SFT steps, no NaN

@@ -66,6 +66,17 @@ class CompactTest(absltest.TestCase):
     np.testing.assert_array_equal(np.asarray(out.loss_mask).any(axis=1), [True, True, False,
                                                                           False])
     self.assertEqual(float(m["filter/kept_groups"]), 1.0)
+    self.assertAlmostEqual(float(m["filter/reward_std_after"]), 2 ** 0.5, places=6)
+
+  def test_no_group_kept_has_no_kept_std(self):
+    # Every group without variance and include_zero=False: nothing kept, every
+    # slot masked, and the kept groups' mean std is not 0 but not measured.
+    traj = fake_trajectory([1, 1, 0, 0, 5, 5], 2)
+    out, m = _rl.compact_groups(traj, 2, losses.FilterConfig("top_fraction", 0.7, False))
+    self.assertFalse(np.asarray(out.loss_mask).any())
+    self.assertEqual(float(m["filter/kept_groups"]), 0.0)
+    self.assertEqual(float(m["filter/reward_std_before"]), 0.0)
+    self.assertTrue(np.isnan(float(m["filter/reward_std_after"])))
 
   def test_jit_and_errors(self):
     traj = fake_trajectory([1, 1, 0, 2], 2)

@@ -113,6 +113,24 @@ class TrainStepTest(chex.TestCase):
     for leaf in jax.tree.leaves(state.params):
       self.assertTrue(np.all(np.isfinite(np.asarray(leaf))))
 
+  def test_a_batch_without_trained_tokens_reports_no_update_metrics(self):
+    # Every loss-mask entry 0 (a filter that kept no group): the 4 updates are
+    # empty and skipped; what they would have measured is NaN, not 0 (an
+    # entropy of 0 reads as a collapsed policy); the counts stay.
+    batch = _batch(REWARDS)
+    state, m = train.train_step(self.state, batch.replace(loss_mask=batch.loss_mask * 0.0),
+                                objective=OBJ, config=TC)
+    self.assertTrue(_leaves_equal(state.params, self.state.params))
+    self.assertEqual(int(state.skipped_empty), 4)
+    for k, want in (("train/updates_applied", 0.0), ("train/updates_empty", 4.0),
+                    ("train/updates_nonfinite", 0.0), ("train/skipped_empty_total", 4.0),
+                    ("train/trained_tokens", 0.0)):
+      self.assertEqual(float(m[k]), want, k)
+    self.assertAlmostEqual(float(m["train/lr"]), 1e-2, delta=1e-9)
+    for k in ("actor/entropy", "train/grad_norm", "train/grad_norm_max", "loss/total",
+              "policy/ratio", "policy/clip_frac", "first_minibatch/policy/ratio"):
+      self.assertTrue(np.isnan(float(m[k])), (k, float(m[k])))
+
   def test_sampler_old_logprobs(self):
     # With the trainer's own log-probs as the sampler's, "sampler" mode gives
     # the same step as "recompute" (2 epochs x 2 minibatches: the old
