@@ -16,7 +16,8 @@ while it parses, and a field the config lacks ends in a ~30-line
 ``lr``), so :func:`define_config_flag` checks the command line first.
 (``experiments.eval`` reads its config from the run directory; its flags are
 plain absl flags, whose unknown names absl already reports on one line with
-the closest ones.)
+the closest ones, and it runs through :func:`run` too, so a bad value of
+them, e.g. ``--env`` or ``--num_levels``, also ends in one line.)
 """
 
 from __future__ import annotations

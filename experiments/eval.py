@@ -64,6 +64,7 @@ from absl import flags
 import ml_collections
 
 import envs_jax
+from experiments import cli
 from experiments import common
 from jagent import rollout
 from jagent import sharding
@@ -162,15 +163,15 @@ def cross_env_config(config: ml_collections.ConfigDict, env: str, *, legend: boo
       ``agent_defaults`` (naming ``--env``).
   """
   if env not in envs_jax.registered():
-    raise ValueError(f"--env={env!r} is not a registered environment; known: "
-                     f"{sorted(envs_jax.registered())}")
+    raise common.ConfigError(f"--env={env!r} is not a registered environment; known: "
+                             f"{sorted(envs_jax.registered())}")
   config = ml_collections.ConfigDict(config.to_dict())
   if env == config.env:
     return config, False
   own, target = envs_jax.agent_defaults(config.env), envs_jax.agent_defaults(env)
   if own is None or target is None:
-    raise ValueError(f"--env={env!r}: {env if target is None else config.env} has no "
-                     "agent_defaults (episode limits) to evaluate with")
+    raise common.ConfigError(f"--env={env!r}: {env if target is None else config.env} has no "
+                             "agent_defaults (episode limits) to evaluate with")
   r = config.rollout
   extra = max(0, r.max_tokens_per_turn - own.max_tokens_per_turn)
   r.update(dict(max_turns=target.max_turns, max_actions_per_traj=target.max_actions_per_traj,
@@ -190,12 +191,12 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
       (naming the path).
   """
   if not workdir or not os.path.isdir(workdir):
-    raise ValueError(f"--workdir={workdir!r} is not a directory (a run directory of "
-                     "experiments.train is needed).")
+    raise common.ConfigError(f"--workdir={workdir!r} is not a directory (a run directory of "
+                             "experiments.train is needed).")
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.isfile(path):
-    raise ValueError(f"{path} does not exist: {workdir!r} is not a run directory of "
-                     "experiments.train (it writes config.json first).")
+    raise common.ConfigError(f"{path} does not exist: {workdir!r} is not a run directory of "
+                             "experiments.train (it writes config.json first).")
   with open(path) as f:
     return ml_collections.ConfigDict(json.load(f))
 
@@ -239,9 +240,9 @@ def evaluate_run(workdir: str, *, env: str | None = None, num_levels: int | None
                   ("samples", samples)):
     if v is not None and (isinstance(v, bool) or not isinstance(v, int)
                           or v < (0 if name == "samples" else 1)):
-      raise ValueError(f"--{name}={v!r} must be an int >= {0 if name == 'samples' else 1}")
+      raise common.ConfigError(f"--{name}={v!r} must be an int >= {0 if name == 'samples' else 1}")
   if temperature is not None and not (temperature > 0 and math.isfinite(temperature)):
-    raise ValueError(f"--temperature={temperature!r} must be a positive finite float")
+    raise common.ConfigError(f"--temperature={temperature!r} must be a positive finite float")
   train_env = config.env
   config, legend_added = cross_env_config(config, env or train_env, legend=legend)
   if num_levels is not None:
@@ -262,16 +263,16 @@ def evaluate_run(workdir: str, *, env: str | None = None, num_levels: int | None
     if config.env == train_env:
       raise
     hint = " (its prompt included the legend; --nolegend leaves it out)" if legend_added else ""
-    raise ValueError(f"--env={config.env!r} cannot be played by the run in {workdir!r} "
-                     f"(trained on {train_env}): {e}{hint}") from e
+    raise common.ConfigError(f"--env={config.env!r} cannot be played by the run in {workdir!r} "
+                             f"(trained on {train_env}): {e}{hint}") from e
   c = config
 
   ckpt = exp.checkpointer(workdir)
   try:
     step = ckpt.latest_step()
     if step is None:
-      raise ValueError(f"no checkpoint in {ckpt.directory}: the run in {workdir!r} has not "
-                       "saved one yet (experiments.train saves after SFT).")
+      raise common.ConfigError(f"no checkpoint in {ckpt.directory}: the run in {workdir!r} has not "
+                               "saved one yet (experiments.train saves after SFT).")
     state, _ = ckpt.restore(exp.rl_state_target(), step)  # from any mesh
   finally:
     ckpt.close()
@@ -337,4 +338,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -7,6 +7,7 @@ In-process on fresh FlagValues (nothing compiles), plus one run of the
 import os
 import subprocess
 import sys
+import tempfile
 
 from absl import flags
 from absl.testing import absltest
@@ -105,6 +106,18 @@ class ConfigFlagTest(absltest.TestCase):
                      "error: --config.rl.lr=1e-4: the config has no field config.rl.lr; closest: "
                      "config.rl.learning_rate, config.rl.critic_learning_rate, "
                      "config.sft.learning_rate")
+
+  def test_the_eval_program_prints_one_line(self):
+    missing = os.path.join(tempfile.mkdtemp(prefix="cli_test_"), "no_run")
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.eval", f"--workdir={missing}"], cwd=_ROOT,
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": _ROOT}, check=False)
+    self.assertEqual(proc.returncode, 1, proc.stderr)
+    self.assertNotIn("Traceback", proc.stderr)
+    self.assertEqual(proc.stderr.strip().splitlines()[-1],
+                     f"error: --workdir={missing!r} is not a directory (a run directory of "
+                     "experiments.train is needed).")
 
 
 if __name__ == "__main__":
