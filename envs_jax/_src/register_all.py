@@ -11,3 +11,4 @@ from envs_jax._src import frozen_lake  # noqa: F401
 from envs_jax._src import game_2048  # noqa: F401
 from envs_jax._src import rubiks_cube  # noqa: F401
 from envs_jax._src import sokoban  # noqa: F401
+from envs_jax._src import sudoku  # noqa: F401
