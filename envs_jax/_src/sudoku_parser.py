@@ -52,7 +52,7 @@ def _run_values(text: jax.Array, digit: jax.Array, run_end: jax.Array) -> jax.Ar
   n = text.shape[0]
   first = jnp.minimum(_next_false(text == ord("0")), run_end)  # leading zeros skipped
   length = run_end - first
-  k = jnp.arange(9, dtype=jnp.int32)
+  k = jnp.arange(9, dtype=jnp.int32)[None, :]
   pos = jnp.minimum(first[:, None] + k, n - 1)
   d = jnp.where(k < length[:, None], text[pos] - ord("0"), 0)
   power = 10 ** jnp.maximum(length[:, None] - 1 - k, 0)
