@@ -34,8 +34,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -140,16 +138,9 @@ class CoordSokoban(sokoban.Sokoban):
             f"{_corner(self.height, self.width)}, then shows the grid.\n{self.legend}\n"
             f"{environment.actions_sentence(self.action_names)}")
 
+  @environment.compiled_render
   def render_symbols(self, state):
     """int32 vector: the coordinate lines, then the base grid (module docstring)."""
-    # One compiled program: render_text calls this outside jit, op by op otherwise.
-    return self._render_jit(state)
-
-  @functools.cached_property
-  def _render_jit(self):
-    return jax.jit(self._render)
-
-  def _render(self, state):
     target = state.fixed == sokoban.TARGET
     h, w = state.fixed.shape
     at_player = ((jnp.arange(h)[:, None] == state.player[0])
@@ -204,15 +195,9 @@ class CoordFrozenLake(frozen_lake.FrozenLake):
     state = CoordFrozenLakeState(tiles=base.tiles, player=base.player, start=base.player)
     return self.observation(state), state
 
+  @environment.compiled_render
   def render_symbols(self, state):
     """int32 vector: the coordinate lines, then the base grid (module docstring)."""
-    return self._render_jit(state)
-
-  @functools.cached_property
-  def _render_jit(self):
-    return jax.jit(self._render)
-
-  def _render(self, state):
     n = self.size
     cells = jnp.arange(n * n).reshape(n, n)
     at = lambda rc: cells == rc[0] * n + rc[1]

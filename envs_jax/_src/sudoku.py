@@ -25,7 +25,6 @@ the reward counts correct placements.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -370,16 +369,9 @@ class Sudoku(environment.Environment[SudokuState, SudokuParams]):
     """int8 [n, n]: the current grid (0 empty)."""
     return state.grid
 
+  @environment.compiled_render
   def render_symbols(self, state):
     """int32 vector: RAGEN's ``with_feedback`` text (class docstring)."""
-    # One compiled program: render_text calls this outside jit, op by op otherwise.
-    return self._render_jit(state)
-
-  @functools.cached_property
-  def _render_jit(self):
-    return jax.jit(self._render)
-
-  def _render(self, state):
     ids, n, b = self._id, self.size, self.box
     digit0 = ids["0"]
     i32 = lambda x: jnp.asarray(x, jnp.int32)
