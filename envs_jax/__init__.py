@@ -45,6 +45,10 @@ from envs_jax._src.sokoban import SokobanState
 from envs_jax._src.sokoban_solver import solve_sokoban
 from envs_jax._src.sokoban_solver import solve_sokoban_batch
 from envs_jax._src.sokoban_solver import SokobanSolution
+from envs_jax._src.sudoku import Sudoku
+from envs_jax._src.sudoku import SudokuParams
+from envs_jax._src.sudoku import SudokuState
+from envs_jax._src.sudoku_solver import solve_sudoku
 from envs_jax._src.wrappers import AutoReset
 from envs_jax._src.wrappers import TimeLimit
 from envs_jax._src.wrappers import TimeLimitState
@@ -96,4 +100,8 @@ __all__ = (
     "sokoban_levels_from_ascii",
     "solve_sokoban",
     "solve_sokoban_batch",
+    "solve_sudoku",
+    "Sudoku",
+    "SudokuParams",
+    "SudokuState",
 )

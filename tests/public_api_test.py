@@ -319,6 +319,9 @@ _SURFACES["envs_jax"] = [
     "SokobanParams",
     "SokobanSolution",
     "SokobanState",
+    "Sudoku",
+    "SudokuParams",
+    "SudokuState",
     "TimeLimit",
     "TimeLimitState",
     "Wrapper",
@@ -340,6 +343,7 @@ _SURFACES["envs_jax"] = [
     "solve_frozen_lake",
     "solve_sokoban",
     "solve_sokoban_batch",
+    "solve_sudoku",
     "tree_select",
 ]
 
@@ -350,6 +354,8 @@ _REGISTERED_IDS = [
     "Boxoban-hard-v0",
     "Boxoban-medium-v0",
     "Boxoban-unfiltered-test-v0",
+    "CoordFrozenLake-4x4-v0",
+    "CoordSokoban-6x6-1box-v0",
     "Countdown-v0",
     "FrozenLake-4x4-det-v0",
     "FrozenLake-4x4-v0",
@@ -358,6 +364,9 @@ _REGISTERED_IDS = [
     "Sokoban-6x6-1box-altsym-v0",
     "Sokoban-6x6-1box-v0",
     "Sokoban-8x8-2box-v0",
+    "Sudoku-4x4-v0",
+    "Sudoku-9x9-easy-v0",
+    "Sudoku-9x9-medium-v0",
 ]
 
 

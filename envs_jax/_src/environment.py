@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 from typing import Any, Generic, Sequence, TypeVar
 
 import jax
@@ -275,6 +276,31 @@ class Environment(abc.ABC, Generic[EnvState, EnvParams]):
 
   def __repr__(self) -> str:
     return f"{self.name}()"
+
+
+def compiled_render(render_symbols):
+  """Decorator: a ``render_symbols`` method that runs as one compiled program.
+
+  ``render_text`` calls ``render_symbols`` outside ``jit``, where a long
+  rendering would run op by op; the decorated method is jitted once per
+  environment object (and inlined when called under an outer ``jit``).
+
+  Args:
+    render_symbols: the method ``(self, state) -> int32 ids``.
+
+  Returns:
+    The method, jitted per object.
+  """
+  attr = "_compiled_" + render_symbols.__name__
+
+  @functools.wraps(render_symbols)
+  def method(self, state):
+    fn = self.__dict__.get(attr)
+    if fn is None:
+      fn = self.__dict__[attr] = jax.jit(functools.partial(render_symbols, self))
+    return fn(state)
+
+  return method
 
 
 def check_discrete_action(env: Environment, action: Any) -> None:

@@ -368,16 +368,9 @@ class Game2048(environment.Environment[Game2048State, Game2048Params]):
     """int32 [size, size]: the tile values."""
     return state.board
 
+  @environment.compiled_render
   def render_symbols(self, state):
     """int32 vector: RAGEN's text of the board, valid actions and score."""
-    # One compiled program: render_text calls this outside jit, op by op otherwise.
-    return self._render_jit(state)
-
-  @functools.cached_property
-  def _render_jit(self):
-    return jax.jit(self._render)
-
-  def _render(self, state):
     ids = self._id
     digit0 = ids["0"]
     n = self.size

@@ -25,8 +25,6 @@ so RAGEN's B-scrambled cubes are not real cube states; we do not copy that.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -298,16 +296,9 @@ class RubiksCube(environment.Environment[RubiksCubeState, RubiksCubeParams]):
     """int8 [6, 2, 2]: the sticker colours of each face (FACES order)."""
     return state.stickers.reshape(6, 2, 2)
 
+  @environment.compiled_render
   def render_symbols(self, state):
     """int32 [56]: RAGEN's text of the cube (header, faces, actions or game over)."""
-    # One compiled program: render_text calls this outside jit, op by op otherwise.
-    return self._render_jit(state)
-
-  @functools.cached_property
-  def _render_jit(self):
-    return jax.jit(self._render)
-
-  def _render(self, state):
     digit0 = _ID["0"]
     step = environment.number_symbols(state.steps, digit0, int_digits=_STEP_DIGITS)
     limit = [digit0 + int(d) for d in str(self.max_steps)]

@@ -9,7 +9,9 @@ For every registered env (uniformly random actions, batch ``--batch``):
   also computes a reset, so this includes level generation);
 - ``levels``: initial states/s of ``jit(vmap(reset))`` (the level generator).
 Peers, where installed (``pip install -e .[bench]``): Jumanji 1.1.2 Sokoban on
-the same Boxoban levels (same modes; compared with our Boxoban env), and the
+the same Boxoban levels (same modes; compared with our Boxoban env), Jumanji's
+Game2048 (4x4) and RubiksCube (``cube_size=2``, our scramble depth and move
+limit) beside ours, and the
 plain Python loops RAGEN runs (gym-sokoban for Sokoban, gymnasium for
 FrozenLake: one env, one step per call). Prints a table, then one JSON line per
 env with the ratios ours/peer. Speed is measured here, never in tests.
@@ -44,8 +46,13 @@ PYTHON_PEERS = {
     "Sokoban-6x6-1box-v0": ("gym-sokoban", lambda: peers.gym_sokoban(6, 1)),
     "Sokoban-8x8-2box-v0": ("gym-sokoban", lambda: peers.gym_sokoban(8, 2)),
 }
-# Our env id -> Boxoban subset that Jumanji runs on the same levels.
-JUMANJI_PEERS = {"Boxoban-unfiltered-test-v0": "unfiltered-test"}
+# Our env id -> factory of Jumanji's ``(reset, step, sample_action)`` for the same game.
+JUMANJI_PEERS: dict[str, Callable[[], tuple]] = {
+    "Boxoban-unfiltered-test-v0": lambda: jumanji_boxoban("unfiltered-test"),
+    "Game2048-4x4-v0": lambda: jumanji_env(peers.make_jumanji_game_2048(), 4, lambda a: a),
+    "RubiksCube-2x2-v0": lambda: jumanji_env(peers.make_jumanji_rubiks_cube(), 12,
+                                             jumanji_cube_action),
+}
 
 
 def best_rate(fn: Callable[[], Any], units: float, repeats: int) -> float:
@@ -140,6 +147,36 @@ def jumanji_boxoban(subset: str):
   return reset, step, sample_action
 
 
+def jumanji_env(jenv, num_actions: int, to_jumanji: Callable[[jax.Array], jax.Array]):
+  """``(reset, step, sample_action)`` of a Jumanji env; actions drawn in our order.
+
+  Args:
+    jenv: a Jumanji environment (its own key in the state drives any chance).
+    num_actions: our number of actions.
+    to_jumanji: our int32 action -> Jumanji's action.
+  """
+
+  def reset(key):
+    return jenv.reset(key)[0]
+
+  def step(state, action, key):
+    del key  # Jumanji keeps its key in the state.
+    state, timestep = jenv.step(state, action)
+    return state, timestep.reward
+
+  def sample_action(key):
+    return to_jumanji(jax.random.randint(key, (), 0, num_actions))
+
+  return reset, step, sample_action
+
+
+def jumanji_cube_action(action: jax.Array) -> jax.Array:
+  """Our cube action (U U' ... B B') as Jumanji's ``[face, depth, amount]`` (cube_size 2)."""
+  from jumanji.environments.logic.rubiks_cube import utils as jutils  # pylint: disable=g-import-not-at-top
+  flat = jnp.asarray(peers.CUBE_ACTION_TO_JUMANJI)[action]
+  return jutils.unflatten_action(flat, cube_size=2)
+
+
 def python_loop_rate(factory: Callable[[], Any], steps: int) -> float:
   """Steps/s of one Python peer env stepped in a plain loop (RAGEN style)."""
   env, step = factory()
@@ -162,8 +199,7 @@ def run_env(env_id: str) -> dict[str, Any]:
                                         **sizes)["scan_vmap"]
 
   if env_id in JUMANJI_PEERS and peers.HAVE_JUMANJI:
-    row.update(bench_batched(*jumanji_boxoban(JUMANJI_PEERS[env_id]), **sizes,
-                             prefix="jumanji_"))
+    row.update(bench_batched(*JUMANJI_PEERS[env_id](), **sizes, prefix="jumanji_"))
     row["ratio_jit_vmap_vs_jumanji"] = row["jit_vmap"] / row["jumanji_jit_vmap"]
     row["ratio_scan_vmap_vs_jumanji"] = row["scan_vmap"] / row["jumanji_scan_vmap"]
 
@@ -193,7 +229,7 @@ def main(argv):
                        if k.startswith("ratio_"))
     print(f"{r['env']:30s}" + "".join(f"{r[c]:16,.0f}" for c in cols) + "  " + ratios)
     if "jumanji_jit_vmap" in r:
-      print(f"{'  Jumanji (same levels)':30s}{r['jumanji_jit_vmap']:16,.0f}"
+      print(f"{'  Jumanji (same game)':30s}{r['jumanji_jit_vmap']:16,.0f}"
             f"{r['jumanji_scan_vmap']:16,.0f}{'':>16s}{r['jumanji_levels']:16,.0f}")
     if "python_peer" in r:
       print(f"{'  ' + r['python_peer'] + ' (Python loop)':30s}{r['python_peer_steps']:16,.0f}")

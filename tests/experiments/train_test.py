@@ -36,6 +36,7 @@ from unittest import mock
 from absl import flags
 from absl.testing import absltest
 from absl.testing import flagsaver
+from absl.testing import parameterized
 import jax
 import ml_collections
 import numpy as np
@@ -605,6 +606,38 @@ class WindowedTrainTest(absltest.TestCase):
     self.assertFalse(any("collapse/mutual_info" in r for r in records))
     self.assertIn(2, [r["step"] for r in records if "eval/success" in r])
     _assert_resumes(self, config, workdir, summary, os.path.join(root, "killed"), kill_at=2)
+
+
+@pytest.mark.heavy
+class RagenTwoEnvsTrainTest(parameterized.TestCase):
+  """RAGEN-2's coordinate and Sudoku envs train end to end on the tiny config.
+
+  Per id: the main job's config at toy sizes (a nano model, 2 SFT steps on
+  4 expert demonstrations, 2 RL steps of 2 groups x 2 episodes of 2 turns,
+  2 evaluation levels): the expert, the prompts (TextEnv's tokenizer check),
+  the rollout, the update and the evaluation all run for the id. Learning is
+  not checked (the Bandit and Sokoban runs above do that).
+  """
+
+  @parameterized.parameters("CoordSokoban-6x6-1box-v0", "CoordFrozenLake-4x4-v0",
+                            "Sudoku-4x4-v0", "Sudoku-9x9-easy-v0", "Sudoku-9x9-medium-v0")
+  def test_sft_then_rl(self, env_id):
+    c = testenv.without_extras(tiny.get_config(f"{env_id},grpo"))
+    c.model = "nano"
+    c.rollout.update(dict(num_groups=2, group_size=2, max_turns=2))
+    c.sft.update(dict(num_demos=4, steps=2, batch_size=4, warmup_steps=1))
+    c.rl.update(dict(steps=2, warmup_steps=0))
+    c.eval.update(dict(num_levels=2, num_groups=2, every=2, greedy=False, samples=1))
+    c.checkpoint.update(dict(every=2, keep=1))
+    workdir = tempfile.mkdtemp(prefix="ragen2_env_")
+    self.addCleanup(shutil.rmtree, workdir, ignore_errors=True)
+    summary = _run(c, workdir)
+    self.assertEqual((summary["env"], summary["steps"]), (env_id, 2))
+    records = jtrain.read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    rl = [r for r in records if r["step"] >= 1 and "rollout/score" in r]
+    self.assertEqual([r["step"] for r in rl], [1, 2])
+    for r in rl:
+      self.assertTrue(np.isfinite(r["rollout/score"]), r)
 
 
 if __name__ == "__main__":
