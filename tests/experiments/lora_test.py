@@ -42,6 +42,22 @@ class LoraConfigTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, message):
       common.validate(c)
 
+  def test_random_base_warns_once_in_one_line(self):
+    c = tiny.get_config("Bandit-v0,dr_grpo")
+    c.model = "nano"
+    self.assertIsNone(common.lora_base_warning(c))  # LoRA off
+    c.lora.rank = 16
+    line = common.lora_base_warning(c)
+    self.assertNotIn("\n", line)
+    for part in ("config.lora.rank=16", "config.model_dir=''", "RANDOM", "nano",
+                 "~10x"):
+      self.assertIn(part, line)
+    with mock.patch.object(common.logging, "warning") as warning:
+      common.Experiment(c)
+    warning.assert_called_once_with(line)
+    c.model_dir = "/a/trained/base"  # a loaded base: no warning
+    self.assertIsNone(common.lora_base_warning(c))
+
   def test_family_without_the_module_names_the_field(self):
     from jagent.models import _lora  # pylint: disable=g-import-not-at-top
     c = tiny.get_config("Bandit-v0,dr_grpo")
