@@ -972,9 +972,9 @@ class Experiment:
     else:
       base = jax.block_until_ready(jax.jit(lambda k: models.init(self.model_config, k),
                                            out_shardings=shardings)(jax.random.key(c.seed)))
-    return self._with_lora(base)
+    return self.with_lora(base)
 
-  def _with_lora(self, base):
+  def with_lora(self, base):
     """``base`` with the run's fresh LoRA adapters on their shardings (``base`` when off)."""
     if self.lora_config is None:
       return base
@@ -1090,7 +1090,7 @@ class Experiment:
     onto this run's.
     """
     abstract = jax.eval_shape(
-        lambda k: self.rl_state(self._with_lora(models.init(self.model_config, k))),
+        lambda k: self.rl_state(self.with_lora(models.init(self.model_config, k))),
         jax.random.key(0))
     target = sharding.train_state_target(abstract, self.mesh)
     if self.lora_config is None:
