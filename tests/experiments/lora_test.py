@@ -126,9 +126,9 @@ class LoraBanditTest(absltest.TestCase):
     cls.root = tempfile.mkdtemp(prefix="lora_test_")
     # The base: SFT only, exported as experiments.train exports a policy.
     base_exp = common.Experiment(_base_config())
-    cls.base_dir = os.path.join(cls.root, "base")
-    base_exp.export(cls.base_dir, base_exp.sft(train_job._NoWriter(), progress=False))  # pylint: disable=protected-access
-    cls.base_dir = os.path.join(cls.base_dir, "policy")
+    params = base_exp.sft(train_job._NoWriter(), progress=False)  # pylint: disable=protected-access
+    base_exp.export(os.path.join(cls.root, "base"), params)
+    cls.base_dir = os.path.join(cls.root, "base", "policy")
     cls.config = _lora_config(cls.base_dir)
     cls.workdir = os.path.join(cls.root, "lora")
     with mock.patch.object(common.logging, "warning") as warning:
