@@ -230,6 +230,7 @@ def measure_mfu(model: str, batch: int, seq: int, repeats: int, peak_tflops: flo
     raise ValueError(f"--mfu_batch={batch}: not divisible by the {n} devices")
   mesh = sharding.make_mesh("fsdp:-1", jax.devices()[:n])
   tc = train.TrainConfig(model=cfg, actor_optimizer=train.OptimizerConfig(learning_rate=1e-5))
+
   def make(k):
     base = models.init(cfg, k)
     if not lora_rank:
