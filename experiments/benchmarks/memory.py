@@ -44,7 +44,19 @@ For every mesh (``experiments.common.Experiment`` with ``config.mesh``, so
 
 XLA:CPU's buffer assignment stands in for GPU/TPU's (same HLO, different
 fusion and scheduling): read the temporaries as estimates (+-30%). Prints a
-header line, a Markdown table and one JSON line.
+header line, a Markdown table and one JSON line. A LoRA config
+(``--config.lora.rank=64``) is measured with its adapters: the frozen base
+(the policy's and the critic's copy), the adapters and their AdamW moments.
+
+``--compare_lora`` instead compares the persistent state per device with and
+without LoRA (``--lora_rank``, all-linear adapters) for each of
+``--compare_models`` (default: Qwen2.5 0.5B, 1.5B and 3B) on each mesh of
+``--meshes``; exact and cheap (``jax.eval_shape``, nothing compiled, so no
+temporaries)::
+
+    python -m experiments.benchmarks.memory --compare_lora \
+        --config.tokenizer=tiny --config.prompt.chat_template=chatml \
+        --meshes='data:1;fsdp:8'
 """
 
 from __future__ import annotations
@@ -79,6 +91,7 @@ DEFAULT_CONFIG = (str(pathlib.Path(__file__).parent.parent / "configs" / "ragen.
 DEFAULT_MESHES = "data:1;data:8;fsdp:8"
 DEFAULT_LAYERS = ("1", "2")
 STATE_FIELDS = ("params", "opt_state", "critic_params", "critic_opt_state", "ref_params")
+COMPARE_MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")
 GiB = 2.0 ** 30
 
 
@@ -102,6 +115,14 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS,
   flags.DEFINE_list("layers", list(DEFAULT_LAYERS),
                     "Two layer counts a < b to compile at and extrapolate from; empty: "
                     "compile at the config's own layer count.", flag_values=flag_values)
+  flags.DEFINE_bool("compare_lora", False,
+                    "Compare the persistent state per device without and with LoRA "
+                    "(--lora_rank, all-linear) for each --compare_models on each --meshes "
+                    "(no compile).", flag_values=flag_values)
+  flags.DEFINE_list("compare_models", list(COMPARE_MODELS),
+                    "jagent.models named configs of --compare_lora.", flag_values=flag_values)
+  flags.DEFINE_integer("lora_rank", 64, "The adapters' rank in --compare_lora.",
+                       flag_values=flag_values)
   return flag_values
 
 
@@ -173,8 +194,9 @@ def with_layers(exp: common.Experiment, num_layers: int) -> common.Experiment:
 
 def abstract_state(exp: common.Experiment):
   """``(TrainState of ShapeDtypeStructs with shardings, its shardings)``; nothing allocated."""
-  state = jax.eval_shape(lambda k: exp.rl_state(models.init(exp.model_config, k)),
-                         jax.random.key(0))
+  state = jax.eval_shape(
+      lambda k: exp.rl_state(exp.with_lora(models.init(exp.model_config, k))),
+      jax.random.key(0))
   shardings = sharding.train_state_shardings(state, exp.mesh)
   return _with_shardings(state, shardings), shardings
 
@@ -195,14 +217,79 @@ def state_bytes(exp: common.Experiment) -> dict[str, int]:
 
   Returns:
     ``{"params", "opt_state", "critic_params", "critic_opt_state",
-    "ref_params", "other" (step, key, counters, objective state), "total"}``
-    in bytes (0 for absent fields); exact (shapes and shardings only).
+    "ref_params", "other" (step, key, counters, objective state), "total",
+    "frozen" (the LoRA bases among them; 0 without LoRA)}`` in bytes (0 for
+    absent fields); exact (shapes and shardings only).
   """
   state, _ = abstract_state(exp)
   out = {f: _device_bytes(getattr(state, f)) for f in STATE_FIELDS}
   out["total"] = _device_bytes(state)
   out["other"] = out["total"] - sum(out[f] for f in STATE_FIELDS)
+  out["frozen"] = _device_bytes(models.split_frozen(state)[1])
   return out
+
+
+def compare_lora(config, meshes: str, model_names, rank: int) -> dict[str, Any]:
+  """Persistent state per device without and with LoRA, per model and mesh.
+
+  For each named model and each mesh: ``config`` with ``model`` set (random
+  weights, ``model_dir`` empty: only shapes matter) and ``lora.rank`` 0
+  (``"full"``: every weight, its AdamW moments, the critic's) or ``rank``
+  with all-linear adapters (``"lora"``: the frozen base of the policy and of
+  a model critic, the adapters and their moments), measured by
+  :func:`state_bytes`.
+
+  Args:
+    config: the run's config (e.g. RAGEN's StarPO-S, a separate model critic).
+    meshes: ``--meshes`` (see :func:`parse_meshes`).
+    model_names: ``jagent.models`` config names.
+    rank: the adapters' rank (>= 1).
+
+  Returns:
+    ``{"env", "algorithm", "critic", "rank", "rows": [{"model", "num_params",
+    "mesh", "devices", "full": state_bytes, "lora": state_bytes}]}``.
+
+  Raises:
+    ValueError: an unknown model, a bad rank or mesh, before anything is built.
+  """
+  specs = parse_meshes(meshes, jax.device_count())
+  unknown = [m for m in model_names if m not in models.config_names()]
+  if unknown or not model_names:
+    raise ValueError(f"--compare_models={','.join(model_names)}: each must be one of "
+                     f"{models.config_names()}")
+  if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+    raise ValueError(f"--lora_rank={rank!r}: must be an int >= 1")
+
+  def variant(name, spec, n, r):
+    c = config.copy_and_resolve_references()
+    c.model, c.model_dir, c.mesh = name, "", spec
+    c.lora.update(dict(rank=r, target_modules="all-linear"))
+    return common.Experiment(c, devices=jax.devices()[:n])
+
+  exps = {(m, spec, r): variant(m, spec, n, r)  # every config checked first
+          for m in model_names for spec, n in specs for r in (0, rank)}
+  rows = [dict(model=m, num_params=models.get_config(m).num_params(), mesh=spec, devices=n,
+               full=state_bytes(exps[m, spec, 0]), lora=state_bytes(exps[m, spec, rank]))
+          for m in model_names for spec, n in specs]
+  exp = exps[model_names[0], specs[0][0], 0]
+  return dict(env=exp.config.env, algorithm=exp.config.algorithm,
+              critic=exp.config.rl.critic if exp.needs.critic else None, rank=rank, rows=rows,
+              backend=jax.default_backend())
+
+
+def report_compare(res: dict[str, Any]) -> None:
+  """Prints :func:`compare_lora`'s header line, Markdown table (GiB) and JSON line."""
+  print(f"LoRA memory comparison: {res['env']} {res['algorithm']}, critic {res['critic']}; "
+        f"persistent state per device (params, AdamW moments, critic), rank {res['rank']} "
+        "all-linear; exact, temporaries not included")
+  print("| model | params | mesh | full GiB | LoRA GiB | of which frozen base GiB | "
+        "LoRA / full |")
+  print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
+  for r in res["rows"]:
+    full, lora = r["full"]["total"], r["lora"]["total"]
+    print(f"| {r['model']} | {r['num_params']:,} | {r['mesh']} | {full / GiB:,.2f} | "
+          f"{lora / GiB:,.2f} | {r['lora']['frozen'] / GiB:,.2f} | {lora / full:.2f} |")
+  print(json.dumps(res, default=float))
 
 
 def _compile(jitted, *args) -> dict[str, Any]:
@@ -371,6 +458,10 @@ def report(res: dict[str, Any]) -> None:
 def main(argv, flag_values: flags.FlagValues = flags.FLAGS):
   """Runs the benchmark with ``flag_values`` (see :func:`define_flags`)."""
   del argv
+  if flag_values.compare_lora:
+    report_compare(compare_lora(flag_values.config, flag_values.meshes,
+                                flag_values.compare_models, flag_values.lora_rank))
+    return
   report(run(flag_values.config, flag_values.meshes, flag_values.layers))
 
 

@@ -3,7 +3,7 @@ r"""Scale-out overhead: sharded rollout and train step on 1, 2, 4, 8 devices; MF
     python -m experiments.benchmarks.scaling [--devices=1,2,4,8] [--repeats=3] \
         [--config=experiments/configs/tiny.py:Sokoban-6x6-1box-v0,starpo_s] \
         [--config.model=micro] [--mfu=auto] [--mfu_models=tiny,small-10m] \
-        [--peak_tflops=989]
+        [--mfu_lora_rank=16] [--peak_tflops=989]
 
 For each N of ``--devices``: the config (default: the main job's tiny config,
 ``micro`` model, 8 groups x 8 rows of Sokoban) on a ``data:N`` mesh of the
@@ -33,6 +33,14 @@ al. 2020's estimate of a training step's FLOPs, https://arxiv.org/abs/2001.08361
 attention's own FLOPs are not counted) over ``--peak_tflops`` (per device,
 dense bf16/fp32 peak of the chip, e.g. 989 for an H100 SXM's bf16) times the
 device count. Without ``--peak_tflops`` only the achieved TFLOP/s is shown.
+
+``--mfu_lora_rank=r`` (> 0) adds, for each MFU model, the same step with
+rank-r all-linear LoRA adapters on the frozen model (``jagent.models.LoraParams``:
+only the adapters get gradients and AdamW moments), so the train-step time
+with and without LoRA can be compared (``x full``: full step seconds / LoRA
+step seconds). Its TFLOP/s and MFU still count ``6 x params x tokens`` (the
+full model's FLOPs; a LoRA step does fewer: no weight gradients of the base),
+so read them as full-model-equivalent rates.
 
 Prints tables, a summary line and one JSON line. Speed is measured here, never
 in tests (timings on a shared machine are noisy: compare ``best s`` with
@@ -77,6 +85,9 @@ _MFU_MODELS = flags.DEFINE_list("mfu_models", ["tiny", "small-10m"],
                                 "jagent.models named configs for the MFU rows.")
 _MFU_BATCH = flags.DEFINE_integer("mfu_batch", 64, "Rows of the MFU train step.")
 _MFU_SEQ = flags.DEFINE_integer("mfu_seq", 512, "Tokens per row of the MFU train step.")
+_MFU_LORA_RANK = flags.DEFINE_integer(
+    "mfu_lora_rank", 0, "> 0: also time each MFU model's step with rank-r all-linear LoRA "
+    "adapters on the frozen model (0: full fine-tuning only).")
 _PEAK = flags.DEFINE_float("peak_tflops", None,
                            "Peak dense TFLOP/s of ONE device (the chip's datasheet value).")
 
@@ -183,18 +194,32 @@ def measure_mesh(config, n: int, params, batch, repeats: int) -> dict[str, Any]:
 
 
 def measure_mfu(model: str, batch: int, seq: int, repeats: int, peak_tflops: float | None,
-                num_devices: int | None = None) -> dict[str, Any]:
+                num_devices: int | None = None, lora_rank: int = 0) -> dict[str, Any]:
   """Model FLOP/s utilisation of one SFT step of ``model`` on ``num_devices``.
 
   An ``fsdp`` mesh of the first ``num_devices`` devices (default: all).
 
   FLOPs per step: ``6 x num_params x batch x seq`` (forward 2, backward 4
-  per parameter and token; attention scores not counted).
+  per parameter and token; attention scores not counted), also with LoRA
+  (full-model-equivalent, see the module docstring).
+
+  Args:
+    model: a ``jagent.models`` config name (random weights).
+    batch, seq: the random-token batch ``[batch, seq]`` (int32).
+    repeats: timed calls (best kept).
+    peak_tflops: one device's peak, or None (no MFU).
+    num_devices: the first this many devices (default: all).
+    lora_rank: > 0: train rank-``lora_rank`` all-linear adapters (alpha
+      ``2 x rank``) on the frozen model instead of every weight.
+
+  Returns:
+    the row's dict (``lora_rank`` included; seconds, TFLOP/s, tokens/s, MFU).
 
   Raises:
-    ValueError: an unknown model, or ``batch`` not divisible by the device
-      count.
+    ValueError: an unknown model, ``batch`` not divisible by the device
+      count, or a negative ``lora_rank``.
   """
+  lora_rank = _check_int("mfu_lora_rank", lora_rank, 0)
   if model not in models.config_names():
     raise ValueError(f"--mfu_models: {model!r} is not one of {models.config_names()}")
   cfg = models.get_config(model)
@@ -205,9 +230,17 @@ def measure_mfu(model: str, batch: int, seq: int, repeats: int, peak_tflops: flo
     raise ValueError(f"--mfu_batch={batch}: not divisible by the {n} devices")
   mesh = sharding.make_mesh("fsdp:-1", jax.devices()[:n])
   tc = train.TrainConfig(model=cfg, actor_optimizer=train.OptimizerConfig(learning_rate=1e-5))
-  abstract = jax.eval_shape(lambda k: models.init(cfg, k), jax.random.key(0))
-  params = jax.jit(lambda k: models.init(cfg, k),
-                   out_shardings=sharding.param_shardings(abstract, mesh))(jax.random.key(0))
+
+  def make(k):
+    base = models.init(cfg, k)
+    if not lora_rank:
+      return base
+    lora = models.LoraConfig(rank=lora_rank, alpha=2.0 * lora_rank)
+    return models.init_lora(base, cfg, lora, jax.random.fold_in(k, 1))
+
+  abstract = jax.eval_shape(make, jax.random.key(0))
+  params = jax.jit(make, out_shardings=sharding.param_shardings(abstract, mesh))(
+      jax.random.key(0))
   state_abstract = jax.eval_shape(lambda p: train.init_train_state(p, jax.random.key(1),
                                                                    config=tc), params)
   shardings = sharding.train_state_shardings(state_abstract, mesh)
@@ -226,8 +259,8 @@ def measure_mfu(model: str, batch: int, seq: int, repeats: int, peak_tflops: flo
 
   t0 = time.perf_counter()
   jax.block_until_ready(one_step())
-  out = {"model": model, "params": cfg.num_params(), "devices": n, "batch": batch, "seq": seq,
-         "compile_seconds": time.perf_counter() - t0}
+  out = {"model": model, "params": cfg.num_params(), "lora_rank": lora_rank, "devices": n,
+         "batch": batch, "seq": seq, "compile_seconds": time.perf_counter() - t0}
   out.update(_timed(one_step, repeats))
   flops = 6.0 * cfg.num_params() * batch * seq
   out["tflops_per_s"] = flops / out["seconds"] / 1e12
@@ -240,7 +273,8 @@ def measure_mfu(model: str, batch: int, seq: int, repeats: int, peak_tflops: flo
 
 def run(config, devices: list[str], repeats: int, mfu: str = "auto",
         mfu_models: list[str] = ("tiny", "small-10m"), mfu_batch: int = 64,
-        mfu_seq: int = 512, peak_tflops: float | None = None) -> dict[str, Any]:
+        mfu_seq: int = 512, peak_tflops: float | None = None,
+        mfu_lora_rank: int = 0) -> dict[str, Any]:
   """Every row (see the module docstring); returns the results.
 
   Raises:
@@ -260,6 +294,7 @@ def run(config, devices: list[str], repeats: int, mfu: str = "auto",
       if mfu_seq > models.get_config(m).max_position:
         raise ValueError(f"--mfu_seq={mfu_seq}: {m} has {models.get_config(m).max_position} "
                          "positions")
+    _check_int("mfu_lora_rank", mfu_lora_rank, 0)
     if _check_int("mfu_batch", mfu_batch) % max(counts):
       raise ValueError(f"--mfu_batch={mfu_batch}: not divisible by the {max(counts)} devices")
   exp = common.Experiment(config)  # one device: validates; the shared parameters
@@ -281,8 +316,12 @@ def run(config, devices: list[str], repeats: int, mfu: str = "auto",
   for r in rows:
     for k in ("rollout", "train"):
       r[k]["ratio_to_first"] = r[k]["tokens_per_s"] / base[k]
-  mfu_rows = ([measure_mfu(m, mfu_batch, mfu_seq, repeats, peak_tflops, max(counts))
-               for m in mfu_models] if with_mfu else [])
+  ranks = (0, mfu_lora_rank) if mfu_lora_rank else (0,)
+  mfu_rows = ([measure_mfu(m, mfu_batch, mfu_seq, repeats, peak_tflops, max(counts), r)
+               for m in mfu_models for r in ranks] if with_mfu else [])
+  full = {m["model"]: m["seconds"] for m in mfu_rows if not m["lora_rank"]}
+  for m in mfu_rows:  # the full step's seconds over this row's (1.0 for the full row)
+    m["speedup_to_full"] = full[m["model"]] / m["seconds"]
   return dict(env=c.env, algorithm=c.algorithm, model=c.model_dir or c.model,
               rollout_rows=exp.rollout_config.batch_size,
               trained_rows=int(batch.tokens.shape[0]),
@@ -316,14 +355,16 @@ def report(res: dict[str, Any]) -> None:
             f"{x['worst_seconds']:9.3f}{x['steps_per_s']:9.2f}{x['tokens_per_s']:11,.0f}"
             f"{x['ratio_to_first']:7.2f}")
   if res["mfu"]:
-    header = (f"{'model':>10s}{'params':>12s}{'devices':>8s}{'batch x seq':>13s}{'best s':>9s}"
-              f"{'tokens/s':>12s}{'TFLOP/s':>9s}{'MFU':>8s}")
+    header = (f"{'model':>10s}{'params':>12s}{'LoRA r':>7s}{'devices':>8s}{'batch x seq':>13s}"
+              f"{'best s':>9s}{'worst s':>9s}{'tokens/s':>12s}{'TFLOP/s':>9s}{'MFU':>8s}"
+              f"{'x full':>7s}")
     print(header)
     print("-" * len(header))
     for m in res["mfu"]:
-      print(f"{m['model']:>10s}{m['params']:12,d}{m['devices']:8d}"
-            f"{m['batch']:>7d} x {m['seq']:<3d}{m['seconds']:9.4f}{m['tokens_per_s']:12,.0f}"
-            f"{m['tflops_per_s']:9.3f}{_fmt(m['mfu'], '8.1%'):>8s}")
+      print(f"{m['model']:>10s}{m['params']:12,d}{m['lora_rank'] or '-':>7}{m['devices']:8d}"
+            f"{m['batch']:>7d} x {m['seq']:<3d}{m['seconds']:9.4f}{m['worst_seconds']:9.4f}"
+            f"{m['tokens_per_s']:12,.0f}{m['tflops_per_s']:9.3f}{_fmt(m['mfu'], '8.1%'):>8s}"
+            f"{m['speedup_to_full']:7.2f}")
   first, last = res["rows"][0], res["rows"][-1]
   print(f"SUMMARY: {last['devices']} vs {first['devices']} devices: rollout "
         f"{last['rollout']['ratio_to_first']:.2f}x, train step "
@@ -335,7 +376,7 @@ def main(argv):
   del argv
   common.setup_compilation_cache()
   report(run(_CONFIG.value, _DEVICES.value, _REPEATS.value, _MFU.value, _MFU_MODELS.value,
-             _MFU_BATCH.value, _MFU_SEQ.value, _PEAK.value))
+             _MFU_BATCH.value, _MFU_SEQ.value, _PEAK.value, _MFU_LORA_RANK.value))
 
 
 if __name__ == "__main__":

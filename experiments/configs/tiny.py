@@ -63,6 +63,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # (every weight trains). target_modules: "all-linear" or names from q, k, v,
   # o, gate, up, down ("q,v"). Only the adapters and their Adam moments are
   # trained and checkpointed; the base is reloaded (model_dir, or the seed).
+  # Adapters need a TRAINED base: on the random one (empty model_dir) they
+  # cannot learn even the reply format (the frozen tied embeddings and final
+  # norm cap the logits at ~1.3; Bandit: format NLL ~5.06 nats vs 0.09 fully
+  # fine-tuned; common.lora_base_warning says so). Train the base first (a
+  # full run's <workdir>/policy export as model_dir) and use ~10x the full
+  # fine-tuning learning rate (lora_test's Bandit run: rl.learning_rate 1e-2).
   c.lora = ml_collections.ConfigDict(dict(
       rank=0, alpha=32.0, dropout=0.0, target_modules="all-linear"))
   # Devices: "" runs on one device; a jagent.sharding.make_mesh spec ("data:8",

@@ -184,6 +184,13 @@ _CONFIGS: dict[str, ModelConfig] = {
         num_kv_heads=2, head_dim=128, mlp_dim=8960, qkv_bias=True, tie_embeddings=True,
         rope_theta=1000000.0, norm_eps=1e-6, max_position=32768, bos_id=151643,
         eos_id=151645, pad_id=151643),
+    # Qwen2.5-3B(-Instruct)'s architecture (3,085,938,688 parameters): RAGEN's
+    # 3B setting.
+    "qwen2.5-3b": ModelConfig(
+        family="qwen2", vocab_size=151936, embed_dim=2048, num_layers=36, num_heads=16,
+        num_kv_heads=2, head_dim=128, mlp_dim=11008, qkv_bias=True, tie_embeddings=True,
+        rope_theta=1000000.0, norm_eps=1e-6, max_position=32768, bos_id=151643,
+        eos_id=151645, pad_id=151643),
     "llama-3.2-1b": ModelConfig(
         family="llama", vocab_size=128256, embed_dim=2048, num_layers=16, num_heads=32,
         num_kv_heads=8, head_dim=64, mlp_dim=8192, qkv_bias=False, tie_embeddings=True,
@@ -204,7 +211,7 @@ def get_config(name: str, **overrides) -> ModelConfig:
 
   Args:
     name: one of :func:`config_names` ("tiny", "small-10m", "qwen2.5-0.5b",
-      "qwen2.5-1.5b", "llama-3.2-1b").
+      "qwen2.5-1.5b", "qwen2.5-3b", "llama-3.2-1b").
     **overrides: ModelConfig fields to replace (e.g. ``dtype="bfloat16"``).
 
   Returns:

@@ -5,8 +5,9 @@ Runs the benchmark's ``main`` in-process on its own ``flags.FlagValues``
 model (2 layers), 2 x 2 rollouts, one mesh (``data:2``; each mesh costs 4
 compiles), layers 1 and 2. Checks the Markdown rows, the JSON line, the
 persistent state against a hand computation from the parameter count, the
-extrapolation arithmetic and positive temporaries; and that bad flags fail
-before anything compiles.
+extrapolation arithmetic and positive temporaries; ``--compare_lora``'s
+state with and without LoRA against a hand computation (no compile); and that
+bad flags fail before anything compiles.
 """
 
 import contextlib
@@ -109,6 +110,41 @@ class MemoryBenchmarkTest(absltest.TestCase):
     self.assertEqual(exp.model_config.num_layers, 2)  # the original is unchanged
     self.assertEqual(one.model_config.replace(num_layers=2), exp.model_config)
     self.assertEqual(one.train_config.num_microbatches, exp.train_config.num_microbatches)
+
+  def test_compare_lora_state_by_hand(self):
+    # StarPO-S with a GAE critic of its own (a second trunk), rank 4 on nano.
+    out = _run_main("--compare_lora", "--compare_models=nano", "--lora_rank=4",
+                    "--meshes=data:1;fsdp:2", "--config.rl.critic=model",
+                    "--config.algorithm_kwargs.advantage=gae")
+    self.assertIn("LoRA memory comparison: Bandit-v0 starpo_s, critic model", out)
+    self.assertRegex(out, r"\n\| nano \| [0-9,]+ \| fsdp:2 \|( [0-9.,]+ \|){4}\n")
+    res = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
+    c = models.get_config("nano")
+    n, r = c.num_params(), 4
+    d, h, k, dh, f = c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim, c.mlp_dim
+    # q, k + v, o, gate + up, down: [in, r] and [r, out] each, every layer.
+    adapters = c.num_layers * r * ((d + h * dh) + 2 * (d + k * dh) + (h * dh + d)
+                                   + 2 * (d + f) + (f + d))
+    self.assertEqual([(x["model"], x["mesh"]) for x in res["rows"]],
+                     [("nano", "data:1"), ("nano", "fsdp:2")])
+    one, fsdp = res["rows"]
+    full, lora = one["full"], one["lora"]
+    self.assertEqual((full["params"], full["opt_state"], full["frozen"]),
+                     (4 * n, 8 * n + _COUNTS, 0))
+    # The base is frozen (no moments) and the critic's trunk is a second frozen copy.
+    self.assertEqual((lora["params"], lora["opt_state"], lora["frozen"]),
+                     (4 * n + 4 * adapters, 8 * adapters + _COUNTS, 2 * 4 * n))
+    self.assertEqual(lora["critic_params"] - full["critic_params"], 4 * adapters)
+    self.assertLess(lora["critic_opt_state"], full["critic_opt_state"])
+    self.assertLess(lora["total"], full["total"])
+    # fsdp shards the frozen bases too.
+    self.assertLess(fsdp["lora"]["frozen"], lora["frozen"])
+    self.assertLess(fsdp["full"]["total"], full["total"])
+    for args, message in ((("--compare_models=gpt5",), "--compare_models=gpt5"),
+                          (("--lora_rank=0",), "--lora_rank=0: must be an int >= 1")):
+      with self.subTest(args=args):
+        with self.assertRaisesRegex(ValueError, re.escape(message)):
+          _run_main("--compare_lora", "--meshes=data:1", *args)
 
   def test_bad_flags_raise_before_compiling(self):
     self.assertEqual(memory.parse_meshes("data:1;data:2,fsdp:4; fsdp:-1", 8),

@@ -117,8 +117,8 @@ def _deterministic(record):
 
 def _restore(exp, workdir):
   ckpt = exp.checkpointer(workdir)
-  target = jax.eval_shape(lambda: exp.rl_state(exp.init_params()))
-  state, meta = ckpt.restore(target)
+  # (The run's own target: with LoRA it carries the reloaded base.)
+  state, meta = ckpt.restore(exp.rl_state_target())
   ckpt.close()
   return state, meta
 
@@ -262,7 +262,7 @@ def _assert_resumes(test, config, want_workdir, want_summary, workdir, kill_at):
 
   def dying_sft(exp, writer, progress=True):
     del exp, progress
-    writer.write(-1, {"sft/loss": 1.0})  # a record of the attempt, then death
+    writer.write(0, {"sft/loss": 1.0})  # a record of the attempt, then death
     raise _Killed("sft")
 
   # A first attempt dies during SFT (before checkpoint 0); the rerun starts

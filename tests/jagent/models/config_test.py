@@ -28,6 +28,7 @@ class ConfigTest(parameterized.TestCase):
   @parameterized.parameters(
       # Parameter counts of the published checkpoints (tied embeddings).
       ("qwen2.5-0.5b", 494_032_768), ("qwen2.5-1.5b", 1_543_714_304),
+      ("qwen2.5-3b", 3_085_938_688),
       ("llama-3.2-1b", 1_235_814_400))
   def test_real_configs_have_published_sizes(self, name, count):
     self.assertEqual(models.get_config(name).num_params(), count)
