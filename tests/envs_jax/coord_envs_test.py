@@ -140,14 +140,14 @@ class TextTest(parameterized.TestCase):
     env = coord_grids.CoordSokoban(height=5, width=5, num_boxes=2)
     fixed = np.full((5, 5), sk.WALL, np.int8)
     fixed[1:4, 1:4] = sk.EMPTY
-    fixed[1, 1] = fixed[3, 3] = fixed[2, 3] = sk.TARGET
+    fixed[1, 1] = fixed[3, 3] = sk.TARGET  # as many targets as boxes
     boxes = np.zeros((5, 5), bool)
     boxes[1, 1] = boxes[2, 2] = True
     state = sk.SokobanState(fixed=jnp.asarray(fixed), boxes=jnp.asarray(boxes),
                             player=jnp.asarray([3, 3], jnp.int32))
     want = ("Coordinates: \nBoard size: 5 rows x 5 cols (zero-indexed).\n"
-            "Targets: (1, 1), (2, 3), (3, 3)\nBoxes: (2, 2)\nBoxes on target: (1, 1)\n"
-            "Player on target: (3, 3)\nGrid Map: \n#####\n#√__#\n#_XO#\n#__S#\n#####")
+            "Targets: (1, 1), (3, 3)\nBoxes: (2, 2)\nBoxes on target: (1, 1)\n"
+            "Player on target: (3, 3)\nGrid Map: \n#####\n#√__#\n#_X_#\n#__S#\n#####")
     self.assertEqual(env.render_text(state), want)
     self.assertEqual(sokoban_reference(env, jax.device_get(state)), want)
     moved = state.replace(player=jnp.asarray([3, 2], jnp.int32))

@@ -169,7 +169,7 @@ class CurvePanelsTest(absltest.TestCase):
     titles = [p.title for p in drawn]
     self.assertEqual(titles[:7], [
         "Eval success (T=0.5, 512 held-out levels)", "Eval greedy success (512 held-out levels)",
-        "Training success (rollouts, T=1, 64 episodes/step)",
+        "Training success (rollouts, T=1, 128 episodes/step)",  # 16 groups x 8
         "In-group reward std (episode return)", "Policy entropy (nats/token)",
         "Mutual information I(X;Z), prompt vs reply (nats/token)",
         "Grad norm (L2, before clipping)"])
