@@ -34,6 +34,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import common
+from experiments import hugepages
 
 DEFAULT_CONFIG = str(pathlib.Path(__file__).parent / "configs" / "tiny.py")
 
@@ -144,5 +145,11 @@ def checked(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
 
 
 def run(main: Callable[[list[str]], Any]) -> None:
-  """``absl.app.run`` of :func:`checked` ``(main)``."""
+  """``absl.app.run`` of :func:`checked` ``(main)``, with huge pages for XLA:CPU's buffers.
+
+  The program first restarts once with glibc's transparent huge pages on
+  (:func:`experiments.hugepages.restart_with_huge_pages`; ``JAGENT_HUGE_PAGES=0``
+  turns it off).
+  """
+  hugepages.restart_with_huge_pages()
   app.run(checked(main))

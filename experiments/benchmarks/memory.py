@@ -325,8 +325,8 @@ def program_memory(exp: common.Experiment) -> dict[str, dict[str, Any]]:
                    out_shardings=sharding.rows_shardings(traj, mesh))
   out = {"rollout": _compile(jitted, state.params, key)}
   # The train step on the kept rows.
-  rows = exp.num_keep * exp.rollout_config.group_size
-  kept = jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows,) + x.shape[1:], x.dtype), traj)
+  # The kept groups' rows as the filter leaves them (turn rows included).
+  kept, _ = jax.eval_shape(lambda t: train.compact_groups(t, exp.num_keep), traj)
   batch = jax.eval_shape(train.trajectory_batch, kept)
   batch_shardings = sharding.rows_shardings(batch, mesh)
   objective, config = exp.objective, exp.train_config
