@@ -27,7 +27,7 @@ from jagent import models
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _TINY = (f"--config={_ROOT}/experiments/configs/tiny.py:Bandit-v0,starpo_s",
          "--config.model=nano", "--config.rollout.num_groups=2",
-         "--config.rollout.group_size=2")
+         "--config.rollout.group_size=2", "--config.rl.num_microbatches=1")
 # TrainState's scalars: step, num_updates, 2 skip counters (int32) + a raw
 # uint32[2] key; the AdamW chain's step counts (adam's, the schedule's) int32.
 _OTHER = 4 * 4 + 2 * 4

@@ -41,7 +41,7 @@ from tests import testenv
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _STEPS = 3
 _OVERRIDES = {
-    "model": "nano", "rollout.num_groups": 2, "rollout.group_size": 2,
+    "model": "nano", "rollout.num_groups": 2, "rollout.group_size": 2, "rl.num_microbatches": 1,
     "rollout.max_tokens_per_turn": 12,
     # 2 SFT steps of 4 random-answer demonstrations: rows from each process
     # (jagent.sharding.global_rows).

@@ -23,7 +23,8 @@ from tests import testenv
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _TINY = ("--config=experiments/configs/tiny.py:Bandit-v0,dr_grpo", "--config.model=nano",
-         "--config.rollout.num_groups=2", "--config.rollout.group_size=2", "--repeats=1")
+         "--config.rollout.num_groups=2", "--config.rollout.group_size=2",
+         "--config.rl.num_microbatches=1", "--repeats=1")
 
 
 def run_benchmark(*args: str) -> subprocess.CompletedProcess:

@@ -97,7 +97,8 @@ def _windowed_config():
   c.seed = 0
   c.rollout.update(dict(num_groups=4, group_size=2, max_turns=3, history_turns=0))
   c.sft.update(dict(num_demos=8, steps=4, batch_size=8, warmup_steps=1))
-  c.rl.update(dict(steps=4, warmup_steps=0, learning_rate=1e-3, empty_stop_steps=3))
+  c.rl.update(dict(steps=4, warmup_steps=0, learning_rate=1e-3, empty_stop_steps=3,
+                   num_microbatches=1))
   c.eval.update(dict(num_levels=4, num_groups=4, every=2, greedy=False, samples=1))
   c.checkpoint.update(dict(every=2, keep=2))
   c.diagnostics.update(dict(every=3, num_rows=8))
@@ -616,17 +617,20 @@ class RagenTwoEnvsTrainTest(parameterized.TestCase):
   4 expert demonstrations, 2 RL steps of 2 groups x 2 episodes of 2 turns,
   2 evaluation levels): the expert, the prompts (TextEnv's tokenizer check),
   the rollout, the update and the evaluation all run for the id. Learning is
-  not checked (the Bandit and Sokoban runs above do that).
+  not checked (the Bandit and Sokoban runs above do that). Two ids, one per
+  module (each run is mostly compiling, ~1-2 min): RAGEN-2's default game and
+  the Sudoku with the longest prompt; CoordFrozenLake-4x4-v0, Sudoku-4x4-v0
+  and Sudoku-9x9-easy-v0 share their modules and passed the same test when
+  they were added.
   """
 
-  @parameterized.parameters("CoordSokoban-6x6-1box-v0", "CoordFrozenLake-4x4-v0",
-                            "Sudoku-4x4-v0", "Sudoku-9x9-easy-v0", "Sudoku-9x9-medium-v0")
+  @parameterized.parameters("CoordSokoban-6x6-1box-v0", "Sudoku-9x9-medium-v0")
   def test_sft_then_rl(self, env_id):
     c = testenv.without_extras(tiny.get_config(f"{env_id},grpo"))
     c.model = "nano"
     c.rollout.update(dict(num_groups=2, group_size=2, max_turns=2))
     c.sft.update(dict(num_demos=4, steps=2, batch_size=4, warmup_steps=1))
-    c.rl.update(dict(steps=2, warmup_steps=0))
+    c.rl.update(dict(steps=2, warmup_steps=0, num_microbatches=1))
     c.eval.update(dict(num_levels=2, num_groups=2, every=2, greedy=False, samples=1))
     c.checkpoint.update(dict(every=2, keep=1))
     workdir = tempfile.mkdtemp(prefix="ragen2_env_")
