@@ -98,6 +98,14 @@ def check_config_argv(argv: Sequence[str], default: str = DEFAULT_CONFIG,
       common.config_field(config, field)
     except common.ConfigError as e:
       raise common.ConfigError(f"{arg}: {e}") from None
+    if "=" in arg and arg.split("=", 1)[1].strip() in ("None", "none", "null"):
+      instead = _NONE_INSTEAD.get(field.rsplit(".", 1)[-1], "set it in a config file")
+      raise common.ConfigError(f"{arg}: a flag cannot set None (ml_collections parses the "
+                               f"field's type); instead: {instead}")
+
+
+# What to pass instead of None for fields whose None means "off".
+_NONE_INSTEAD = {"dual_clip": "inf (no dual clip)", "value_clip": "inf (no value clipping)"}
 
 
 def _exit(error: common.ConfigError):

@@ -484,12 +484,17 @@ def algorithm_kwargs(algorithm: str, **values) -> ml_collections.ConfigDict:
   defaults (see :func:`_keyword_defaults`), so that each shows in the
   written config.json and is a flag
   (``--config.algorithm_kwargs.entropy_coef=0.01``). StarPO's
-  ``advantage_kwargs`` (the named advantage estimator's own
-  hyperparameters) stays ``{}`` unless set, so that
+  ``advantage_kwargs`` holds the hyperparameters of every named advantage
+  estimator with their defaults (:func:`advantage_hyperparameters`; one
+  flat dict, shared names have one default), so that
   ``--config.algorithm_kwargs.advantage=gigpo`` alone switches the
-  estimator; it is set as a dict
-  (``--config.algorithm_kwargs.advantage_kwargs="{'step_gamma': 0.9}"``).
-  The uncertainty filter is the run's (``config.rl.filter_*``), not here.
+  estimator and each of its hyperparameters is a flag
+  (``--config.algorithm_kwargs.advantage_kwargs.step_gamma=0.9``); the run
+  passes the chosen estimator its own (:func:`objective_kwargs`). A dict
+  literal (``--config.algorithm_kwargs.advantage_kwargs="{'step_gamma':
+  0.9}"``) replaces the whole dict: the keys it leaves out take their
+  defaults. The uncertainty filter is the run's (``config.rl.filter_*``),
+  not here.
 
   Args:
     algorithm: a registered objective name (``jagent.transforms.registered()``).
@@ -504,12 +509,43 @@ def algorithm_kwargs(algorithm: str, **values) -> ml_collections.ConfigDict:
       one of its hyperparameters.
   """
   out = _hyperparameters(algorithm)
+  if "advantage_kwargs" in out:
+    out["advantage_kwargs"] = advantage_hyperparameters()
   for k, v in values.items():
     if k not in out:
       raise _bad(f"algorithm_kwargs.{k}", v, _not_a_hyperparameter(algorithm, k, out))
-    if v is not None or not isinstance(out[k], config_dict.FieldReference):
+    if k == "advantage_kwargs":
+      for name, x in (v or {}).items():
+        if name not in out[k]:
+          raise _bad(f"algorithm_kwargs.advantage_kwargs.{name}", x,
+                     f"not a hyperparameter of any named advantage; known: {sorted(out[k])}")
+        out[k][name] = x
+    elif v is not None or not isinstance(out[k], config_dict.FieldReference):
       out[k] = v
   return ml_collections.ConfigDict(out)
+
+
+def advantage_hyperparameters() -> dict[str, Any]:
+  """Every named advantage estimator's hyperparameters with their defaults, one dict.
+
+  The keywords of each of ``jagent.transforms.ADVANTAGE_ESTIMATORS`` (see
+  :func:`_keyword_defaults`), e.g. GAE's ``gamma``/``lambda_``/``whiten``,
+  GiGPO's ``step_gamma``/``step_weight``. A name two estimators share has
+  one default in both (``eps`` 1e-6, ``normalize_std`` True, ...).
+
+  Raises:
+    ValueError: two estimators give a shared name different defaults (the
+      flat dict could not hold both).
+  """
+  out, owner = {}, {}
+  for advantage, fn in transforms.ADVANTAGE_ESTIMATORS.items():
+    for k, v in _keyword_defaults(inspect.signature(fn)).items():
+      if k in out and out[k] != v:
+        raise ValueError(f"advantage hyperparameter {k!r}: default {out[k]!r} in "
+                         f"{owner[k]!r} but {v!r} in {advantage!r}")
+      out.setdefault(k, v)
+      owner.setdefault(k, advantage)
+  return out
 
 
 def _not_a_hyperparameter(algorithm: str, key: str, known) -> str:
@@ -525,13 +561,14 @@ def objective_kwargs(config) -> dict[str, Any]:
   """``config.algorithm_kwargs`` as ``jagent.transforms.make``'s keyword arguments.
 
   Configs written before every hyperparameter was listed (a subset of the
-  keys) are valid.
+  keys) are valid. ``advantage_kwargs`` is narrowed to the chosen
+  estimator's own hyperparameters (:func:`algorithm_kwargs`).
 
   Raises:
     ConfigError: a key that is not a hyperparameter of ``config.algorithm``
       (naming it, the closest and the known ones), an unknown
       ``advantage``, or an ``advantage_kwargs`` key its advantage does not
-      take.
+      take set to other than its default (one set for another estimator).
   """
   known = _hyperparameters(config.algorithm)
   kwargs = config.algorithm_kwargs.to_dict()
@@ -547,11 +584,17 @@ def objective_kwargs(config) -> dict[str, Any]:
       raise _bad("algorithm_kwargs.advantage", advantage,
                  f"unknown; known: {sorted(transforms.ADVANTAGE_ESTIMATORS)}")
     own = inspect.signature(transforms.ADVANTAGE_ESTIMATORS[advantage]).parameters
+    defaults = advantage_hyperparameters()
+    chosen = {}
     for k, v in (kwargs.get("advantage_kwargs") or {}).items():
-      if k not in own:
+      if k in own:
+        chosen[k] = v
+      elif k not in defaults or v != defaults[k]:  # set for another estimator
         raise _bad(f"algorithm_kwargs.advantage_kwargs.{k}", v,
                    f"not a hyperparameter of the advantage {advantage!r}; its "
                    f"hyperparameters: {sorted(own)}")
+    if "advantage_kwargs" in kwargs:
+      kwargs["advantage_kwargs"] = chosen
   return kwargs
 
 

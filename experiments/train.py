@@ -202,14 +202,17 @@ def warn_collapse(config, step: int, metrics: dict, *, progress: bool = True,
   ``recent``: the metrics of the steps since the previous diagnosed step
   (this one's last), whose means the per-step floors compare.
 
-  The line goes to ``logging.warning`` and, with ``progress``, under the
-  progress bar (``tqdm.write``); it is returned (None without a warning).
+  With ``progress`` the line is written once, under the progress bar
+  (``tqdm.write``), and logged at INFO (``--verbosity=0`` shows it there
+  too); without, it goes to ``logging.warning``. It is returned (None
+  without a warning).
   """
   line = common.collapse_alert(config, step, metrics, recent)
-  if line:
+  if line and progress:
+    tqdm.tqdm.write(line)
+    logging.info(line)
+  elif line:
     logging.warning(line)
-    if progress:
-      tqdm.tqdm.write(line)
   return line
 
 

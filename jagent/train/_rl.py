@@ -23,6 +23,7 @@ from jagent import losses
 from jagent import transforms
 from jagent.losses import _filters
 from jagent.rollout import _trajectory
+from jagent.transforms import _stages
 from jagent.train import _batch
 from jagent.train import _state
 from jagent.train import _step
@@ -119,8 +120,9 @@ def compact_groups(traj: _trajectory.Trajectory, num_keep: int,
     ``(trajectory of K * G rows, metrics)`` with metrics
     ``filter/reward_std_before``, ``filter/reward_std_after`` (mean in-group
     std of raw scores over all / kept groups; the latter NaN when no group
-    is kept), ``filter/kept_groups`` and ``filter/nonzero_std_frac`` (share
-    of groups with any reward variance).
+    is kept), ``filter/kept_groups``, ``filter/kept_ratio`` (kept groups /
+    ``N``), ``filter/any_kept`` (0: the step trains nothing) and
+    ``filter/nonzero_std_frac`` (share of groups with any reward variance).
 
   Raises:
     ValueError: ``num_keep`` out of range or ``filter_config`` not a
@@ -154,12 +156,15 @@ def compact_groups(traj: _trajectory.Trajectory, num_keep: int,
     by_row["row_episode"] = jnp.arange(num_keep * g * t, dtype=jnp.int32) // t
     out = out.replace(group_ids=jnp.arange(num_keep * g, dtype=jnp.int32) // g, **by_row)
   kept_std = std[order]
+  num_kept = jnp.sum(keep[order]).astype(jnp.float32)
   metrics = {
       "filter/reward_std_before": jnp.mean(std),
       # NaN when no group is kept: a mean over no group, not a std of 0.
       "filter/reward_std_after": jnp.sum(jnp.where(keep[order], kept_std, 0.0))
                                  / jnp.sum(keep[order]),
-      "filter/kept_groups": jnp.sum(keep[order]).astype(jnp.float32),
+      "filter/kept_groups": num_kept,
+      "filter/kept_ratio": num_kept / n,
+      "filter/any_kept": (num_kept > 0).astype(jnp.float32),
       "filter/nonzero_std_frac": jnp.mean((std > _filters.ZERO_STD).astype(jnp.float32)),
   }
   return out, metrics
@@ -223,7 +228,8 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
     ``rollout/format_valid_frac``, ...), ``rollout/sampled_tokens`` and
     ``rollout/env_turns`` (sums over the ``B`` rows),
     ``train/context_tokens`` (``num_keep x G x S``, padding included), the
-    filter's ``filter/*`` (:func:`compact_groups`) and everything
+    filter's ``filter/*`` (:func:`compact_groups`; the objective's filter
+    stage's own, which describe the compacted rows, are left out) and everything
     :func:`jagent.train.train_step` reports (``actor/entropy``,
     ``train/grad_norm``, ``loss/*``, ...). An iteration whose filter kept no
     group trains nothing (``train/updates_applied`` 0) and reports its
@@ -248,6 +254,9 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
   metrics["rollout/env_turns"] = jnp.sum(f32(traj.num_turns))
   metrics["train/context_tokens"] = jnp.float32(np.prod(kept.tokens.shape))
   metrics.update(filter_metrics)
-  metrics.update(train_metrics)
+  # The objective's rebuilt filter stage saw only the compacted rows: its
+  # filter/* would describe them (kept_ratio 1 on a step that kept nothing).
+  metrics.update({k: v for k, v in train_metrics.items()
+                  if k not in _stages.FILTER_STAGE_METRICS})
   metrics.update(extra)
   return state, {k: f32(v).reshape(()) for k, v in metrics.items()}

@@ -410,6 +410,11 @@ def whiten_advantages(shift_mean: bool = True) -> Transform:
 
 
 # --------------------------------------------------------------------- filters
+# filter_rollouts' metrics, in the order it computes them.
+FILTER_STAGE_METRICS = ("filter/kept_ratio", "filter/any_kept", "filter/reward_std",
+                        "filter/kept_reward_std")
+
+
 def filter_rollouts(mode: str = "top_fraction", value: float = 0.25,
                     include_zero: bool = True) -> Transform:
   """Rollout filter stage: drops low-spread groups by masking their rows.
@@ -453,12 +458,9 @@ def filter_rollouts(mode: str = "top_fraction", value: float = 0.25,
     mask = jnp.where(keep[:, None], batch.loss_mask,
                      jnp.zeros_like(batch.loss_mask))
     batch = batch.replace(loss_mask=mask, keep=keep)
-    return add_metrics(batch, **{
-        "filter/kept_ratio": res.kept_ratio,
-        "filter/any_kept": res.any_kept.astype(jnp.float32),
-        "filter/reward_std": res.std_mean,
-        "filter/kept_reward_std": res.kept_std_mean,
-    })
+    return add_metrics(batch, **dict(zip(FILTER_STAGE_METRICS, (
+        res.kept_ratio, res.any_kept.astype(jnp.float32), res.std_mean,
+        res.kept_std_mean))))
 
   return stateless(fn)
 

@@ -52,6 +52,25 @@ class ConfigFlagTest(absltest.TestCase):
     self.assertEqual(cm.exception.code, "error: --noconfig.eval.gredy: the config has no field "
                                         "config.eval.gredy; closest: config.eval.greedy")
 
+  def test_none_is_refused_with_what_to_set_and_estimator_fields_are_flags(self):
+    with self.assertRaises(SystemExit) as cm:
+      _define(f"--config={_TINY}:Bandit-v0,starpo_s", "--config.algorithm_kwargs.dual_clip=None")
+    self.assertEqual(cm.exception.code,
+                     "error: --config.algorithm_kwargs.dual_clip=None: a flag cannot set None "
+                     "(ml_collections parses the field's type); instead: inf (no dual clip)")
+    # inf is what turns it off, and it validates; an estimator's own
+    # hyperparameter is a flag of its own.
+    _, holder = _define(f"--config={_TINY}:Bandit-v0,starpo_s",
+                        "--config.algorithm_kwargs.dual_clip=inf",
+                        "--config.algorithm_kwargs.advantage=gigpo",
+                        "--config.algorithm_kwargs.advantage_kwargs.step_gamma=0.9")
+    self.assertEqual(holder.value.algorithm_kwargs.dual_clip, float("inf"))
+    common.validate(holder.value, num_devices=1)
+    self.assertEqual(common.objective_kwargs(holder.value)["advantage_kwargs"]["step_gamma"], 0.9)
+    with self.assertRaisesRegex(SystemExit, r"--config\.rl\.steps=None: .*instead: set it in "
+                                r"a config file$"):
+      _define("--config.rl.steps=None")
+
   def test_a_bad_config_argument_names_the_flag(self):
     with self.assertRaisesRegex(common.ConfigError,
                                 rf"^--config={_TINY}:CartPole-v1,grpo: config argument "

@@ -176,6 +176,23 @@ class AlgorithmKwargsTest(parameterized.TestCase):
         r"hyperparameter of the advantage 'gae'; its hyperparameters: \['gamma', 'lambda_', "
         r"'whiten'\]$"):
       common.validate(c)
+    # Each estimator's hyperparameter is its own field; the run passes the
+    # chosen estimator only its own, and one set for another is an error.
+    c = _config(**{"algorithm_kwargs.advantage": "gigpo",
+                   "algorithm_kwargs.advantage_kwargs.step_gamma": 0.9})
+    common.validate(c)
+    self.assertEqual(common.objective_kwargs(c)["advantage_kwargs"], {
+        "step_gamma": 0.9, "step_weight": 1.0, "eps": 1e-6, "normalize_std": True})
+    c.algorithm_kwargs.advantage = "grpo"
+    with self.assertRaisesRegex(
+        common.ConfigError, r"^config\.algorithm_kwargs\.advantage_kwargs\.step_gamma=0\.9: "
+        r"not a hyperparameter of the advantage 'grpo'; its hyperparameters: \['eps', "
+        r"'normalize_std'\]$"):
+      common.validate(c)
+    with self.assertRaisesRegex(
+        common.ConfigError, r"^config\.algorithm_kwargs\.advantage_kwargs\.lamda=0\.9: not a "
+        r"hyperparameter of any named advantage; known: \['eps', 'gamma', "):
+      common.algorithm_kwargs("starpo_s", advantage_kwargs={"lamda": 0.9})
     c = _config()
     c.algorithm_kwargs.advantage_kwargs = {"eps": -1.0}
     with self.assertRaisesRegex(common.ConfigError,

@@ -12,6 +12,13 @@ from experiments.configs import tiny
 from jagent import tokenizers
 from jagent import transforms
 
+# Every named advantage estimator's hyperparameters, by hand from the
+# signatures in jagent/transforms/_stages.py (GAE, bi-level GAE, GRPO,
+# REINFORCE++, GiGPO): StarPO's config lists them all.
+_ADVANTAGE_DEFAULTS = {"gamma": 1.0, "lambda_": 1.0, "whiten": True, "turn_gamma": 0.95,
+                       "eps": 1e-6, "normalize_std": True, "step_gamma": 0.95,
+                       "step_weight": 1.0}
+
 TOK = tokenizers.load_tiny_tokenizer()
 
 
@@ -82,13 +89,14 @@ class TinyConfigsTest(parameterized.TestCase):
           self.assertEqual(kw.kl_coef, 0.0)
     kw = tiny.get_config("Bandit-v0,starpo_s").algorithm_kwargs.to_dict()
     self.assertEqual(kw, {
-        "advantage": "grpo", "advantage_kwargs": {},
+        "advantage": "grpo", "advantage_kwargs": _ADVANTAGE_DEFAULTS,
         "critic": None, "eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0, "kl_coef": 0.0,
         "kl_estimator": "k3", "entropy_coef": 0.001, "value_coef": 1.0, "value_clip": 0.5,
         "aggregation": "seq-mean-token-mean", "turn_weighting": "episode"})
     # The defaults are in the written config.json (critic: null until set).
     written = json.loads(tiny.get_config().to_json_best_effort())["algorithm_kwargs"]
     self.assertEqual((written["entropy_coef"], written["critic"]), (0.001, None))
+    self.assertEqual(written["advantage_kwargs"]["step_gamma"], 0.95)
 
 
 class RagenConfigsTest(parameterized.TestCase):
@@ -107,7 +115,7 @@ class RagenConfigsTest(parameterized.TestCase):
     # The objectives' own defaults: RAGEN's (GAE, no KL, clip-higher 0.28,
     # entropy 0.001).
     self.assertEqual(c.algorithm_kwargs.to_dict(), {
-        "advantage": "gae", "advantage_kwargs": {},
+        "advantage": "gae", "advantage_kwargs": _ADVANTAGE_DEFAULTS,
         "critic": None, "eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0, "kl_coef": 0.0,
         "kl_estimator": "k3", "entropy_coef": 0.001, "value_coef": 1.0, "value_clip": 0.5,
         "aggregation": "token-mean", "turn_weighting": "episode"})

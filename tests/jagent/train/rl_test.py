@@ -66,6 +66,8 @@ class CompactTest(absltest.TestCase):
     np.testing.assert_array_equal(np.asarray(out.loss_mask).any(axis=1), [True, True, False,
                                                                           False])
     self.assertEqual(float(m["filter/kept_groups"]), 1.0)
+    self.assertAlmostEqual(float(m["filter/kept_ratio"]), 1 / 3, places=6)
+    self.assertEqual(float(m["filter/any_kept"]), 1.0)
     self.assertAlmostEqual(float(m["filter/reward_std_after"]), 2 ** 0.5, places=6)
 
   def test_no_group_kept_has_no_kept_std(self):
@@ -77,6 +79,7 @@ class CompactTest(absltest.TestCase):
     self.assertEqual(float(m["filter/kept_groups"]), 0.0)
     self.assertEqual(float(m["filter/reward_std_before"]), 0.0)
     self.assertTrue(np.isnan(float(m["filter/reward_std_after"])))
+    self.assertEqual((float(m["filter/kept_ratio"]), float(m["filter/any_kept"])), (0.0, 0.0))
 
   def test_jit_and_errors(self):
     traj = fake_trajectory([1, 1, 0, 2], 2)
@@ -242,6 +245,29 @@ class RlIterationTest(absltest.TestCase):
       np.testing.assert_allclose(gm["train/lr"][i], lr, rtol=1e-7)
     moved = [np.max(np.abs(np.asarray(g[1] - g[0]))) for g in jax.tree.leaves(got.params)]
     self.assertGreater(max(moved), 1e-3)
+
+  def test_a_step_that_keeps_nothing_reports_the_iteration_filter(self):
+    # StarPO-S's own filter stage, rebuilt to keep the compacted rows, would
+    # report kept_ratio 1 and any_kept 1 there; the iteration reports its
+    # compaction's: nothing kept, nothing trained, update metrics NaN.
+    def flat_rollout(params, key):
+      return fake_rollout(params, key).replace(scores=jnp.ones((N * G,), jnp.float32))
+
+    obj = transforms.starpo_s(advantage="grpo", kl_coef=0.0)
+    state = train.init_train_state(models.init(CFG, jax.random.key(0)), jax.random.key(1),
+                                   config=_train_config(), objective=obj)
+    new, m = jax.jit(functools.partial(
+        _rl.rl_iteration, rollout_fn=flat_rollout, objective=obj, config=_train_config(),
+        num_keep=1, filter_config=losses.FilterConfig("top_fraction", 0.25, False)))(
+            state, self.keys[0])
+    self.assertEqual((float(m["filter/kept_ratio"]), float(m["filter/any_kept"]),
+                      float(m["filter/kept_groups"])), (0.0, 0.0, 0.0))
+    self.assertNotIn("filter/kept_reward_std", m)
+    self.assertNotIn("filter/reward_std", m)
+    self.assertEqual(float(m["train/updates_applied"]), 0.0)
+    self.assertTrue(np.isnan(float(m["actor/entropy"])))
+    for g, w in zip(jax.tree.leaves(new.params), jax.tree.leaves(state.params)):
+      np.testing.assert_array_equal(g, w)
 
   def test_errors(self):
     with self.assertRaisesRegex(ValueError, "mode"):
