@@ -346,7 +346,23 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
       setup_s=setup_s, iterations=iters, longest_prompt=longest[0],
       max_prompt_length=spec["max_prompt_length"],
       levels=[[counters.levels.get((k, j)) for j in range(n)] for k in range(steps)],
-      peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
+      peak_rss_mb=peak_rss_mb())
+
+
+def peak_rss_mb() -> float:
+  """This process's own peak RSS in MiB: ``VmHWM`` of /proc/self/status.
+
+  Not ``getrusage``'s ``ru_maxrss``: Linux carries the parent's peak into
+  a child across fork + exec, so it would report jagent's peak at spawn.
+  """
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) / 1024.0
+  except OSError:
+    pass
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def _version(dist: str) -> str:

@@ -2,14 +2,17 @@
 
 Runs the benchmark as a subprocess with its smallest settings (the nano
 model, 2 levels x 2 rollouts, 2 turns, one warm-up and one timed iteration)
-and a peer virtualenv that does not exist, so the Tunix side is skipped
-with its message; checks the table, the message and the JSON last line.
+and peer virtualenvs that do not exist, so the Tunix and TRL sides are
+skipped with their messages; checks both tables (jagent on the multi-turn
+game and on the single-turn Bandit-v0), the messages and the JSON last
+line.
 A subprocess, because the benchmark's absl flags share names with other
 benchmarks'. No timing asserts: speed is measured only by the benchmark.
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,19 +35,36 @@ class PeerRlBenchmarkTest(absltest.TestCase):
   def test_jagent_side_prints_table_and_json_without_the_peer(self):
     with tempfile.TemporaryDirectory() as tmp:
       venv = os.path.join(tmp, "no_venv")
+      trl_venv = os.path.join(tmp, "no_trl_venv")
       proc = run_benchmark("--model=nano", "--num_groups=2", "--group_size=2",
-                           "--max_turns=2", "--iterations=1", f"--peer_venv={venv}")
+                           "--max_turns=2", "--iterations=1", f"--peer_venv={venv}",
+                           f"--trl_venv={trl_venv}")
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     out = proc.stdout
     self.assertIn("peer RL benchmark: model nano", out)
-    self.assertIn("2 levels x 2 rollouts, 2 turns, 6 tokens/reply", out)
+    self.assertIn("multi-turn game vs Tunix: env Sokoban-6x6-1box-v0, 2 levels x 2 rollouts, "
+                  "2 turns, 6 tokens/reply", out)
+    self.assertIn("single-turn game vs TRL: env Bandit-v0, 2 prompts x 2 completions, 1 turn, "
+                  "12 tokens/reply", out)
     self.assertRegex(out, r"framework +iteration s +best s +rollout s +update s")
-    self.assertRegex(out, r"\njagent [0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+")
-    self.assertIn(f"tunix: skipped (no Tunix virtualenv at {venv}; create it with python -m "
-                  "experiments.benchmarks.peer_rl --setup)", out)
+    self.assertLen(re.findall(r"\njagent [0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+", out), 2)
+    self.assertIn(f"tunix: skipped (no Tunix virtualenv at {venv} (--peer_venv); create it "
+                  "with python -m experiments.benchmarks.peer_rl --setup)", out)
+    self.assertIn(f"trl: skipped (no TRL virtualenv at {trl_venv} (--trl_venv); create it "
+                  "with python -m experiments.benchmarks.peer_rl --setup)", out)
+    self.assertNotRegex(out, r"\n(tunix|trl) [0-9]")  # no peer rows
     res = json.loads(out.strip().splitlines()[-1])
     self.assertIsNone(res["tunix_iteration_s"])
     self.assertIsNone(res["ratio_iteration"])
+    self.assertIsNone(res["trl"])
+    self.assertIsNone(res["trl_iteration_s"])
+    self.assertIsNone(res["ratio_iteration_trl"])
+    self.assertIn(f"no TRL virtualenv at {trl_venv}", res["trl_skipped"])
+    b = res["trl_game"]["jagent"]
+    self.assertEqual(res["jagent_trl_game_iteration_s"], b["iteration_s"])
+    for it in b["iterations"]:
+      self.assertEqual(it["env_turns"], 2 * 2, it)  # one turn per episode
+      self.assertBetween(it["tokens"], 1, 2 * 2 * 12)
     j = res["jagent"]
     self.assertEqual(res["jagent_iteration_s"], j["iteration_s"])
     self.assertEqual(j["all_seconds"], [j["iteration_s"]])  # one timed iteration
@@ -64,6 +84,12 @@ class PeerRlBenchmarkTest(absltest.TestCase):
     proc = run_benchmark("--iterations=0", "--peer=none")
     self.assertNotEqual(proc.returncode, 0)
     self.assertIn("--iterations=0: must be an int >= 1", proc.stderr)
+
+  def test_multi_turn_trl_env_is_refused_before_compiling(self):
+    proc = run_benchmark("--peer=trl", "--trl_env=Sokoban-6x6-1box-v0")
+    self.assertNotEqual(proc.returncode, 0)
+    self.assertIn("--trl_env='Sokoban-6x6-1box-v0': TRL's GRPOTrainer plays single-turn "
+                  "games; this one has 5 turns", proc.stderr)
 
 
 if __name__ == "__main__":
