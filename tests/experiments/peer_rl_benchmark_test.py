@@ -80,6 +80,28 @@ class PeerRlBenchmarkTest(absltest.TestCase):
     for k in ("warmup_s", "setup_s", "rollout_compile_s", "peak_rss_mb"):
       self.assertGreater(j[k], 0.0, k)
 
+  def test_trl_side_rewards_replies_as_reference_parse_does(self):
+    # The TRL side's own parse (it cannot import jagent) against jagent's
+    # oracle on Bandit's rules: the replies of a random policy never parse,
+    # so the benchmark's own check sees only the format penalty.
+    from experiments.benchmarks import peer_rl_trl  # pylint: disable=g-import-not-at-top
+    from jagent import rollout  # pylint: disable=g-import-not-at-top
+    spec = rollout.ParseSpec(action_names=("Phoenix", "Dragon"), think=False,
+                             max_actions_per_turn=1, separator="||", max_answer_bytes=128)
+    rules = dict(separator="||", max_actions_per_turn=1, max_actions_per_traj=1,
+                 format_penalty=-0.1)
+    table = {"phoenix": 0.1, "dragon": 1.0}
+    replies = ["<answer>Dragon</answer>", "<answer> phoenix </answer>", "<answer>DRAGON",
+               "x <answer>Dragon || Phoenix</answer>", "<answer>Tiger</answer>",
+               "<answer></answer>", "<answer>||Dragon</answer>", "no answer",
+               "<answer>Dragon</answer><answer>Phoenix</answer>", "<answer>\nDragon\n</answer>",
+               "<answer>Phoenix||Tiger</answer>"]
+    for reply in replies:
+      parsed = rollout.reference_parse(reply.encode("utf-8"), spec)
+      ours = 0.0 if parsed["format_valid"] else -0.1
+      ours += sum(table[spec.action_names[a].lower()] for a in parsed["actions"][:1])
+      self.assertAlmostEqual(peer_rl_trl.parse_reward(reply, table, rules), ours, msg=reply)
+
   def test_bad_flags_raise_before_compiling(self):
     proc = run_benchmark("--iterations=0", "--peer=none")
     self.assertNotEqual(proc.returncode, 0)
