@@ -14,6 +14,19 @@ scale. ``--set=<field>=<value>`` changes a config field in every cell;
 an algorithm, or ``<env>,<algorithm>``. The table (Markdown) goes to stdout
 and ``<runs_dir>/comparison.md``: success after SFT and after RL at the
 evaluation temperature, greedy success after RL, the RL gain, and minutes.
+
+With ``--seeds=N`` (N >= 2) each cell is N seeds as one vmapped
+:func:`experiments.sweep.sweep` (``<runs_dir>/<env>_<algorithm>/sweep_summary.json``),
+and every algorithm of an env starts RL from the same SFT parameters per seed
+(SFT reads no algorithm field: the env's first cell runs it, the others reuse
+it). The table gives mean +- std over the seeds and the in-group reward std
+of the last 20% of RL steps, and ``<runs_dir>/comparison_<env>.png`` draws
+training success, in-group reward std, policy entropy and reply format per
+step: one line per algorithm (the mean of the seeds' EMA curves), the seeds'
+range shaded (RAGEN's Fig. 3 at our scale)::
+
+    python -m experiments.compare --envs=Bandit-v0 --algorithms=starpo_s,ppo,grpo,gigpo \
+        --seeds=3 --runs_dir=/tmp/compare3
 """
 
 from __future__ import annotations
@@ -24,8 +37,11 @@ import os
 
 from absl import flags
 
+import numpy as np
+
 from experiments import cli
 from experiments import common
+from experiments import sweep
 from experiments import train as train_job
 from experiments.configs import tiny
 from jagent import train
@@ -77,6 +93,100 @@ def table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def _mean_std(xs) -> str:
+  xs = np.asarray(xs, np.float64)
+  return f"{np.mean(xs):.3f} ± {np.std(xs, ddof=1) if xs.size > 1 else 0.0:.3f}"
+
+
+def tail_mean(values, fraction: float = 0.2) -> float:
+  """Mean of the finite values of the last ``fraction`` of a per-step series."""
+  x = np.asarray(values, np.float64)
+  tail = x[len(x) - max(1, round(fraction * len(x))):]
+  tail = tail[np.isfinite(tail)]
+  return float(np.mean(tail)) if tail.size else float("nan")
+
+
+def seed_table(summaries: list[dict]) -> str:
+  """Markdown table of :func:`experiments.sweep.sweep` summaries, one row a cell.
+
+  Columns: success after SFT and after RL (T = the evaluation temperature),
+  greedy success after RL and the gain RL - SFT (points), each mean ± std
+  over the seeds; the gain of each seed; the in-group reward std of training
+  rollouts (before the filter) averaged over the last 20% of RL steps, mean ±
+  std over seeds (0: collapsed, RAGEN's Echo Trap); and minutes of the sweep
+  (SFT counted only in the cell that ran it).
+  """
+  lines = ["| env | algorithm | seeds | SFT success | RL success | RL greedy | gain (points) "
+           "| gain per seed | reward std, last 20% | minutes |", "|" + "---|" * 10]
+  for s in summaries:
+    runs = s["runs"]
+    sft = [r["sft"]["success"] for r in runs]
+    rl = [r["rl"]["success"] for r in runs]
+    greedy = [r["rl"].get("greedy_success", float("nan")) for r in runs]
+    gains = [100 * (b - a) for a, b in zip(sft, rl)]
+    stds = [tail_mean(r.get("curves", {}).get("filter/reward_std_before", [float("nan")]))
+            for r in runs]
+    gain = np.asarray(gains)
+    lines.append(
+        f"| {s['env']} | {s['algorithm']} | {len(runs)} | {_mean_std(sft)} | {_mean_std(rl)} | "
+        f"{_mean_std(greedy)} | {np.mean(gain):+.1f} ± "
+        f"{np.std(gain, ddof=1) if gain.size > 1 else 0.0:.1f} | "
+        f"{', '.join(f'{g:+.1f}' for g in gains)} | {_mean_std(stds)} | "
+        f"{s['seconds']['total'] / 60:.1f} |")
+  return "\n".join(lines)
+
+
+def plot_comparison(summaries: list[dict], path: str) -> None:
+  """``comparison_<env>.png``: per-step training curves of one env's cells.
+
+  One line per algorithm (mean of the seeds' EMA curves), the seeds' range
+  shaded (``jagent.train.plot_seed_curves``).
+  """
+  P = train.PlotPanel  # pylint: disable=invalid-name
+  panels = (P("Training success (share of episodes, T=1)", "rollout/success", ylim=(0, 1)),
+            P("In-group reward std before the filter", "filter/reward_std_before",
+              ylim=(0, None)),
+            P("Policy entropy (nats/token)", "actor/entropy", ylim=(0, None)),
+            P("Valid reply format (share of turns)", "rollout/format_valid_frac",
+              ylim=(0, 1.02)))
+  curves = {s["algorithm"]: {k: np.asarray([r["curves"][k] for r in s["runs"]], np.float64)
+                             for k in s["runs"][0].get("curves", {})} for s in summaries}
+  seeds = len(summaries[0]["runs"])
+  train.plot_seed_curves(curves, path, panels, title=(
+      f"{summaries[0]['env']}: {seeds} seeds per algorithm, same SFT start "
+      "(line: mean of EMA 0.9; band: seeds' range)"))
+
+
+def _run_seeds(envs, algorithms, overrides, runs_dir, seeds) -> str:
+  """The ``--seeds >= 2`` grid (module docstring); returns the table."""
+  # Every cell's config is checked before the first one compiles.
+  configs = {}
+  for env in envs:
+    for algorithm in algorithms:
+      configs[env, algorithm] = apply_overrides(tiny.get_config(f"{env},{algorithm}"), env,
+                                                overrides)
+      sweep.run_configs(configs[env, algorithm], seeds)
+  rows = []
+  for env in envs:
+    env_rows, sft_params = [], None
+    for algorithm in algorithms:
+      config = configs[env, algorithm]
+      workdir = os.path.join(runs_dir, f"{env}_{algorithm}")
+      done = os.path.join(workdir, "sweep_summary.json")
+      if os.path.exists(done):
+        with open(done) as f:
+          summary = json.load(f)
+      else:
+        summary = sweep.sweep(config, workdir, seeds=seeds, sft_params=sft_params)
+        sft_params = summary.pop("sft_params")
+        summary.pop("params")
+      env_rows.append(summary)
+      print(seed_table(env_rows[-1:]).splitlines()[-1], flush=True)
+    plot_comparison(env_rows, os.path.join(runs_dir, f"comparison_{env}.png"))
+    rows.extend(env_rows)
+  return seed_table(rows)
+
+
 def _define_flags():
   """Defines this program's flags (only when run as a program: importing the
   module for :func:`apply_overrides` must not clash with other modules' flags,
@@ -90,12 +200,22 @@ def _define_flags():
   flags.DEFINE_multi_string(
       "set", [], "[<scope>:]<field>=<value> config overrides; scope: an env id, an algorithm "
       "or <env>,<algorithm> (value parsed as a Python literal when possible).")
+  flags.DEFINE_integer(
+      "seeds", 1, "1: one experiments.train run per cell. N >= 2: N seeds per cell as one "
+      "vmapped experiments.sweep, every algorithm of an env from the same SFT parameters; "
+      "mean ± std table and <runs_dir>/comparison_<env>.png.", lower_bound=1)
 
 
 def main(argv):
   del argv
   fl = flags.FLAGS
   common.setup_compilation_cache()
+  if fl.seeds > 1:
+    os.makedirs(fl.runs_dir, exist_ok=True)
+    text = _run_seeds(fl.envs, fl.algorithms, fl.set, fl.runs_dir, fl.seeds)
+    train.write_text(os.path.join(fl.runs_dir, "comparison.md"), text + "\n")
+    print(text)
+    return
   rows = []
   for env in fl.envs:
     for algorithm in fl.algorithms:

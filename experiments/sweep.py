@@ -38,7 +38,8 @@ of each value) and writes ``<workdir>/sweep_summary.json``::
 
   {"env": ..., "algorithm": ..., "field": "rl.learning_rate" | null, "batching": "vmap",
    "runs": [{"seed": 0, "value": ..., "sft": {"success": ..., "greedy_success": ...,
-             ...}, "rl": {...}, "rl_train_success": ...}, ...],
+             ...}, "rl": {...}, "rl_train_success": ...,
+             "curves": {"rollout/success": [<per RL step>], ...}}, ...],
    "groups": [{"value": ..., "seeds": [...], "sft": {"success": {"mean": ..., "std": ...},
                ...}, "rl": {...}}, ...],
    "seconds": {"sft": ..., "rl": ..., "eval": ..., "total": ...}}
@@ -65,6 +66,11 @@ from jagent import transforms
 SWEEPABLE = ("rl.learning_rate", "rl.critic_learning_rate", "sft.learning_rate")
 # Evaluation figures kept per stage (the greedy ones when eval.greedy).
 EVAL_KEYS = ("success", "score", "format_valid_frac")
+# RL metrics kept per step of each run (the summary's "curves"): what a
+# comparison plots (training success, in-group reward std before and after
+# the filter, policy entropy, reply format).
+CURVE_KEYS = ("rollout/success", "rollout/format_valid_frac", "filter/reward_std_before",
+              "filter/reward_std_after", "actor/entropy")
 
 
 def parse_sweep(spec: str | None, config) -> tuple[str | None, tuple[float, ...]]:
@@ -287,7 +293,7 @@ def _mean_std(xs) -> dict:
 
 
 def sweep(config, workdir: str | None = None, *, seeds: int = 1,
-          sweep_spec: str | None = None, batching: str = "vmap") -> dict:
+          sweep_spec: str | None = None, batching: str = "vmap", sft_params=None) -> dict:
   """Runs the sweep (see the module docstring); returns the summary.
 
   Args:
@@ -296,14 +302,22 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
     seeds: runs per value (seeds ``config.seed + i``).
     sweep_spec: ``<field>=<v1>,<v2>,...`` (see :func:`parse_sweep`) or None.
     batching: ``"vmap"`` or ``"map"`` (see :func:`over_runs`).
+    sft_params: the runs' policy parameters after SFT, leading run axis (the
+      ``"sft_params"`` of an earlier sweep with the same seeds and SFT
+      fields), to start RL from instead of running SFT; None: run SFT. SFT
+      reads no RL or algorithm field, so sweeps of several algorithms can
+      share one SFT stage (:mod:`experiments.compare`).
 
   Returns:
-    The summary dict (module docstring), plus ``"params"``: the final
-    policy parameters with a leading run axis (not written to the JSON).
+    The summary dict (module docstring; each run's ``"curves"`` holds its
+    per-step RL metrics of :data:`CURVE_KEYS`), plus ``"sft_params"`` and
+    ``"params"``: the policy parameters after SFT and after RL, with a
+    leading run axis (not written to the JSON).
 
   Raises:
-    ValueError: a bad ``seeds``, ``sweep_spec``, ``batching`` or config,
-      before anything compiles.
+    ValueError: a bad ``seeds``, ``sweep_spec``, ``batching``, config or
+      ``sft_params`` (leading axis not the number of runs), before anything
+      compiles.
   """
   t_start = time.perf_counter()
   if batching not in BATCHINGS:
@@ -315,10 +329,18 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   values = jnp.asarray([0.0 if field is None else v for _, v, _ in runs], jnp.float32)
   seconds = {}
 
+  if sft_params is not None:
+    sizes = {np.shape(x)[0] if np.ndim(x) else None for x in jax.tree.leaves(sft_params)}
+    if sizes != {len(exps)}:
+      raise ValueError(f"sft_params: leading axes {sorted(sizes, key=str)}, expected "
+                       f"{len(exps)} (one per run)")
+
   # ---- SFT.
   t0 = time.perf_counter()
-  params = [e.init_params() for e in exps]
-  if c.sft.steps:
+  if sft_params is not None:
+    params = sft_params
+  elif c.sft.steps:
+    params = [e.init_params() for e in exps]
     demos = [e.demonstrations() for e in exps]
     batches = [train.trajectory_batch(d) for d in demos]
     states = stack_runs([e.sft_state(p) for e, p in zip(exps, params)])
@@ -328,8 +350,8 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
         states, jnp.stack([b.tokens for b in batches]),
         jnp.stack([b.loss_mask for b in batches]), indices, values)
   else:
-    params = stack_runs(params)
-  params = jax.block_until_ready(params)
+    params = stack_runs([e.init_params() for e in exps])
+  params = sft_params = jax.block_until_ready(params)
   seconds["sft"] = time.perf_counter() - t0
 
   t0 = time.perf_counter()
@@ -346,10 +368,13 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   run_params = [jax.tree.map(lambda x, i=i: x[i], params) for i in range(len(exps))]
   states = stack_runs([e.rl_state(p) for e, p in zip(exps, run_params)])
   train_success = [math.nan] * len(exps)
+  curves = [{} for _ in exps]
   if c.rl.steps:
     keys = jnp.stack([jnp.stack([e.rl_key(s) for s in range(c.rl.steps)]) for e in exps])
     states, metrics = rl_program(exp, field, batching)(states, keys, values)
     train_success = [float(x) for x in np.asarray(metrics["rollout/success"])[:, -1]]
+    curves = [{k: [float(v) for v in np.asarray(metrics[k])[i]]
+               for k in CURVE_KEYS if k in metrics} for i in range(len(exps))]
   params = jax.block_until_ready(states.params)
   seconds["rl"] = time.perf_counter() - t0
 
@@ -359,8 +384,9 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   seconds["total"] = time.perf_counter() - t_start
 
   out_runs = [{"seed": seed, "value": None if field is None else value, "sft": s, "rl": r,
-               "rl_train_success": t}
-              for (seed, value, _), s, r, t in zip(runs, sft_eval, rl_eval, train_success)]
+               "rl_train_success": t, "curves": cv}
+              for (seed, value, _), s, r, t, cv in zip(runs, sft_eval, rl_eval, train_success,
+                                                       curves)]
   groups = []
   for value in dict.fromkeys(r["value"] for r in out_runs):
     members = [r for r in out_runs if r["value"] == value]
@@ -374,7 +400,7 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   if workdir:
     os.makedirs(workdir, exist_ok=True)
     train.write_json(os.path.join(workdir, "sweep_summary.json"), summary)
-  return {**summary, "params": params}
+  return {**summary, "sft_params": sft_params, "params": params}
 
 
 def table(summary: dict) -> str:

@@ -44,9 +44,11 @@ from jagent.train._logprobs import LogprobsOutput
 from jagent.train._logprobs import token_logprobs
 from jagent.train._metrics import MetricsWriter
 from jagent.train._metrics import plot_metrics
+from jagent.train._metrics import plot_seed_curves
 from jagent.train._metrics import PlotPanel
 from jagent.train._metrics import PlotSeries
 from jagent.train._metrics import read_metrics
+from jagent.train._metrics import seed_band
 from jagent.train._metrics import smooth_curve
 from jagent.train._optim import current_learning_rate
 from jagent.train._optim import make_optimizer
@@ -104,8 +106,10 @@ __all__ = (
     "num_kept_groups",
     "objective_needs",
     "plot_metrics",
+    "plot_seed_curves",
     "read_metrics",
     "rl_iteration",
+    "seed_band",
     "sft_step",
     "sft_update",
     "smooth_curve",

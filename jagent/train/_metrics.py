@@ -313,29 +313,137 @@ def plot_metrics(records: Sequence[Mapping[str, Any]], path: str,
     ImportError: matplotlib is not installed.
     ValueError: no panel's key is in the records.
   """
+  layout = _layout(records, panels)
+  if not layout:
+    raise ValueError("none of the panels' keys is in the records.")
+  _draw_figure([lambda ax, p=p, l=l: _draw_panel(ax, p, l) for p, l in layout], path,
+               ncols=ncols, title=title)
+  return [panel for panel, _ in layout]
+
+
+def _draw_figure(draws, path: str, *, ncols: int, title: str | None) -> None:
+  """One panel per ``draw(ax)`` callable, ``ncols`` a row, saved to ``path``."""
   try:
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
     from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ImportError("plotting metrics needs matplotlib: `pip install "
                       "matplotlib`.") from e
-  layout = _layout(records, panels)
-  if not layout:
-    raise ValueError("none of the panels' keys is in the records.")
-  ncols = max(1, min(ncols, len(layout)))
-  nrows = math.ceil(len(layout) / ncols)
+  ncols = max(1, min(ncols, len(draws)))
+  nrows = math.ceil(len(draws) / ncols)
   fig = Figure(figsize=_figsize(nrows, ncols, title))
   FigureCanvasAgg(fig)
   # Fixed margins, in inches (a layout engine measuring every text took
   # half the drawing time).
   fig.subplots_adjust(**_margins(nrows, ncols, title))
-  for i, (panel, lines) in enumerate(layout):
-    _draw_panel(fig.add_subplot(nrows, ncols, i + 1), panel, lines)
+  for i, draw in enumerate(draws):
+    draw(fig.add_subplot(nrows, ncols, i + 1))
   if title:
     fig.suptitle(title, fontsize=12, y=1.0 - 0.12 / fig.get_figheight(), va="top")
   with files.atomic_path(path) as tmp:
     fig.savefig(tmp, dpi=100, format=os.path.splitext(path)[1][1:] or "png")
-  return [panel for panel, _ in layout]
+
+
+def seed_band(values, smoothing: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Mean, lowest and highest of several seeds' smoothed curves, per step.
+
+  Each seed's finite values are smoothed (:func:`smooth_curve`, so a step
+  whose value is NaN, e.g. the entropy of a step that trained nothing, is a
+  gap the EMA skips) and then linearly interpolated back onto every step,
+  so the seeds line up.
+
+  Args:
+    values: float ``[S, T]``: S seeds' values at steps ``1 .. T`` (NaN: not
+      measured).
+    smoothing: EMA weight of the past, in ``[0, 1)``.
+
+  Returns:
+    float64 ``(mean, low, high)``, each ``[T]``; NaN at every step where a
+    seed has no finite value at all.
+
+  Raises:
+    ValueError: ``values`` not 2-D, or a bad ``smoothing``.
+  """
+  x = np.asarray(values, np.float64)
+  if x.ndim != 2:
+    raise ValueError(f"values: shape {x.shape}, expected [seeds, steps]")
+  steps = np.arange(1, x.shape[1] + 1, dtype=np.float64)
+  rows = []
+  for row in x:
+    ok = np.isfinite(row)
+    rows.append(np.interp(steps, steps[ok], smooth_curve(row[ok], smoothing))
+                if ok.any() else np.full_like(steps, np.nan))
+  rows = np.stack(rows)
+  return rows.mean(0), rows.min(0), rows.max(0)
+
+
+def plot_seed_curves(curves: Mapping[str, Mapping[str, Any]], path: str,
+                     panels: Sequence[PlotPanel], *, ncols: int = 2,
+                     title: str | None = None) -> list[PlotPanel]:
+  """Draws several labelled runs over seeds: one line per label, seeds shaded.
+
+  For each panel (its first series' keys are the metric names looked up, the
+  first one a label has) and each label (e.g. an algorithm): the mean over
+  seeds of the per-seed EMA curves as a line, and the band between the
+  lowest and highest seed (:func:`seed_band`). A panel no label has a key of
+  is left out. Used for RAGEN's comparison (StarPO-S vs PPO vs GRPO per
+  environment, Wang et al. 2025, arXiv:2504.20073, Fig. 3).
+
+  Args:
+    curves: ``{label: {metric: float [S, T] (seeds x steps)}}``.
+    path: output image path (PNG; the format follows the extension).
+    panels: :class:`PlotPanel` specs (title, ylim, xlim, smoothing,
+      baseline as a number).
+    ncols: panels per row.
+    title: the figure's title, or None.
+
+  Returns:
+    the panels drawn.
+
+  Raises:
+    ImportError: matplotlib is not installed.
+    ValueError: no panel's key is in ``curves``, or a curve that is not 2-D.
+  """
+  layout = _seed_layout(curves, panels)
+  if not layout:
+    raise ValueError("none of the panels' keys is in the curves.")
+  _draw_figure([lambda ax, p=p, l=l: _draw_seed_panel(ax, p, l) for p, l in layout], path,
+               ncols=ncols, title=title)
+  return [p for p, _ in layout]
+
+
+def _seed_layout(curves, panels):
+  """``[(panel, [(label, (mean, low, high)), ...]), ...]`` of the panels some label has."""
+  out = []
+  for panel in panels:
+    lines = []
+    for label, metrics in curves.items():
+      key = next((k for k in panel.series[0].keys if k in metrics), None)
+      if key is not None:
+        lines.append((label, seed_band(metrics[key], panel.smoothing)))
+    if lines:
+      out.append((panel, lines))
+  return out
+
+
+def _draw_seed_panel(ax, panel, lines):
+  """Draws one panel of :func:`plot_seed_curves` onto ``ax``."""
+  for i, (label, (mean, low, high)) in enumerate(lines):
+    steps = np.arange(1, mean.size + 1)
+    ax.fill_between(steps, low, high, color=f"C{i % 10}", alpha=0.2, linewidth=0)
+    ax.plot(steps, mean, color=f"C{i % 10}", linewidth=1.6, label=label)
+  if isinstance(panel.baseline, (int, float)):
+    ax.axhline(panel.baseline, color="0.3", linestyle="--", linewidth=1.0,
+               label=f"{panel.baseline_label} {panel.baseline:.3g}")
+  if panel.ylim is not None:
+    ax.set_ylim(*panel.ylim)
+  if panel.xlim is not None:
+    ax.set_xlim(*panel.xlim)
+  ax.set_title(panel.title, fontsize=10)
+  ax.set_xlabel("step", fontsize=8)
+  ax.tick_params(labelsize=7)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7, loc="best", framealpha=0.8)
 
 
 class MetricsWriter:

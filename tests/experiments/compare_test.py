@@ -1,7 +1,12 @@
 """experiments.compare: config overrides and the comparison table."""
 
+import os
+import shutil
+import tempfile
+
 from absl import flags
 from absl.testing import absltest
+import numpy as np
 
 from experiments import common
 from experiments import compare
@@ -49,6 +54,49 @@ class CompareTest(absltest.TestCase):
     self.assertEqual(compare.table([summary]).splitlines()[-1],
                      "| Bandit-v0 | grpo | 0.500 | 0.875 | 1.000 | +37.5 | 1.5 |")
 
+
+  def test_tail_mean_skips_steps_without_a_value(self):
+    self.assertEqual(compare.tail_mean([9.0] * 8 + [1.0, float("nan")]), 1.0)
+    self.assertEqual(compare.tail_mean([1.0, 2.0, 3.0, 4.0, 5.0]), 5.0)
+    self.assertTrue(np.isnan(compare.tail_mean([1.0, float("nan")], 0.5)))
+
+
+def _seed_summary(algorithm, sft, rl, stds):
+  """A sweep summary of len(sft) seeds whose reward std curves are ``stds``."""
+  runs = [{"seed": i, "sft": {"success": a}, "rl": {"success": b, "greedy_success": b},
+           "curves": {"rollout/success": [a, b] * 5, "filter/reward_std_before": c,
+                      "actor/entropy": [0.5] * 10, "rollout/format_valid_frac": [1.0] * 10}}
+          for i, (a, b, c) in enumerate(zip(sft, rl, stds))]
+  return {"env": "Bandit-v0", "algorithm": algorithm, "runs": runs,
+          "seconds": {"total": 120.0}}
+
+
+class SeedGridTest(absltest.TestCase):
+
+  def test_seed_table_by_hand(self):
+    summaries = [
+        _seed_summary("starpo_s", [0.5, 0.5, 0.25], [0.75, 0.5, 0.5], [[1.0] * 10] * 3),
+        _seed_summary("grpo", [0.5, 0.5, 0.25], [0.0, 0.0, 0.0], [[1.0] * 8 + [0.0] * 2] * 3)]
+    lines = compare.seed_table(summaries).splitlines()
+    self.assertLen(lines, 4)
+    # SFT mean 0.417, std 0.144; RL mean 0.583, std 0.144; gains +25, 0, +25.
+    self.assertEqual(lines[2], "| Bandit-v0 | starpo_s | 3 | 0.417 ± 0.144 | 0.583 ± 0.144 | "
+                     "0.583 ± 0.144 | +16.7 ± 14.4 | +25.0, +0.0, +25.0 | 1.000 ± 0.000 | "
+                     "2.0 |")
+    # The last 20% of grpo's steps had no reward spread: the Echo Trap's sign.
+    self.assertEqual(lines[3], "| Bandit-v0 | grpo | 3 | 0.417 ± 0.144 | 0.000 ± 0.000 | "
+                     "0.000 ± 0.000 | -41.7 ± 14.4 | -50.0, -50.0, -25.0 | 0.000 ± 0.000 | "
+                     "2.0 |")
+
+  def test_plot_comparison_writes_a_png(self):
+    root = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+    png = os.path.join(root, "comparison_Bandit-v0.png")
+    compare.plot_comparison(
+        [_seed_summary(a, [0.5, 0.25], [0.75, 0.5], [[1.0] * 10] * 2)
+         for a in ("starpo_s", "ppo")], png)
+    with open(png, "rb") as fh:
+      self.assertEqual(fh.read(8), b"\x89PNG\r\n\x1a\n")
 
 class EntryPointsTest(absltest.TestCase):
 

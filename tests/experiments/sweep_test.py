@@ -69,10 +69,14 @@ def _separate_run(config):
   for stage in ("sft", "rl"):
     if stage == "rl":
       state = exp.rl_state(params)
+      curves = {k: [] for k in sweep.CURVE_KEYS}
       for step in range(config.rl.steps):
         state, m = exp.rl_step(state, step)
+        for k in curves:
+          curves[k].append(float(m[k]))
       params = state.params
       figures["rl_train_success"] = m["rollout/success"]
+      figures["curves"] = curves
     figures[stage] = {
         **{k: exp.evaluate(params)[k] for k in sweep.EVAL_KEYS},
         **{f"greedy_{k}": exp.evaluate(params, greedy=True)[k] for k in sweep.EVAL_KEYS}}
@@ -124,16 +128,34 @@ class SweepTest(absltest.TestCase):
         for stage in ("sft", "rl"):
           _assert_figures_equal(self, runs[i][stage], figures[stage])
         self.assertEqual(runs[i]["rl_train_success"], figures["rl_train_success"])
+        np.testing.assert_allclose(
+            [runs[i]["curves"][k] for k in sweep.CURVE_KEYS],
+            [figures["curves"][k] for k in sweep.CURVE_KEYS], rtol=1e-5, atol=1e-6)
     # Not all runs alike: the seeds matter.
     leaves = jax.tree.leaves(self.summary["params"])
     self.assertFalse(np.array_equal(leaves[0][0], leaves[0][1]))
     # One test method, so that pytest-xdist runs the class's setup once.
     self.check_summary_json_and_table()
+    self.check_rl_from_given_sft_params()
+
+  def check_rl_from_given_sft_params(self):
+    # experiments.compare's algorithms share one SFT stage: RL from the given
+    # SFT parameters is the sweep's own RL (no SFT step runs: the SFT
+    # program is never called).
+    with mock.patch.object(sweep, "sft_program", side_effect=AssertionError("SFT ran")):
+      again = sweep.sweep(_config(), None, seeds=_SEEDS, batching="map",
+                          sft_params=self.summary["sft_params"])
+    _assert_params_close(again["params"], self.summary["params"], rtol=0, atol=0)
+    self.assertEqual(json.dumps(again["runs"]), json.dumps(self.summary["runs"]))  # NaN too
+    with self.assertRaisesRegex(ValueError, r"sft_params: leading axes \[1\], expected 2"):
+      sweep.sweep(_config(), None, seeds=_SEEDS, sft_params=jax.tree.map(
+          lambda x: x[:1], self.summary["sft_params"]))
 
   def check_summary_json_and_table(self):
     with open(os.path.join(self.root, "sweep_summary.json")) as f:
       written = json.load(f)
-    self.assertEqual(written, {k: v for k, v in self.summary.items() if k != "params"})
+    self.assertEqual(written, {k: v for k, v in self.summary.items()
+                               if k not in ("params", "sft_params")})
     self.assertEqual((written["env"], written["algorithm"], written["field"],
                       written["batching"]), ("Bandit-v0", "starpo_s", None, "map"))
     (group,) = written["groups"]

@@ -280,5 +280,60 @@ class PlotPanelsTest(absltest.TestCase):
       train.plot_metrics(records, png, [train.PlotPanel("X", "x")])
 
 
+class SeedCurvesTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.workdir = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, self.workdir, ignore_errors=True)
+
+  def test_seed_band_by_hand(self):
+    # Without smoothing: a NaN step is interpolated from its neighbours (seed
+    # 0, step 2) or held at the last value (seed 1, step 3).
+    mean, low, high = train.seed_band([[1.0, np.nan, 3.0], [3.0, 5.0, np.nan]], 0.0)
+    np.testing.assert_allclose(mean, [2.0, 3.5, 4.0])
+    np.testing.assert_allclose(low, [1.0, 2.0, 3.0])
+    np.testing.assert_allclose(high, [3.0, 5.0, 5.0])
+    # With smoothing: each seed's EMA of its finite points (1, 3: 1, 7/3).
+    mean, low, high = train.seed_band([[1.0, np.nan, 3.0]], 0.5)
+    np.testing.assert_allclose(mean, [1.0, 5.0 / 3.0, 7.0 / 3.0])
+    np.testing.assert_array_equal(mean, low)
+    np.testing.assert_array_equal(mean, high)
+    mean, _, _ = train.seed_band([[np.nan, np.nan], [1.0, 2.0]], 0.0)
+    np.testing.assert_array_equal(np.isnan(mean), [True, True])
+    with self.assertRaisesRegex(ValueError, r"shape \(3,\), expected \[seeds, steps\]"):
+      train.seed_band([1.0, 2.0, 3.0], 0.0)
+
+  def test_plot_one_line_per_label_seeds_shaded(self):
+    from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+    curves = {"starpo_s": {"rollout/success": [[0.1, 0.2, 0.3], [0.3, 0.4, 0.5]],
+                           "actor/entropy": [[1.0, 0.9, 0.8], [1.0, 0.8, 0.6]]},
+              "grpo": {"rollout/success": [[0.2, 0.2, 0.2], [0.0, 0.0, 0.0]]}}
+    panels = [train.PlotPanel("Success", "rollout/success", ylim=(0, 1), smoothing=0.0,
+                              baseline=0.25, baseline_label="SFT"),
+              train.PlotPanel("Entropy", "actor/entropy", smoothing=0.0),
+              train.PlotPanel("Missing", "x")]
+    png = os.path.join(self.workdir, "comparison.png")
+    drawn = train.plot_seed_curves(curves, png, panels, title="Bandit")
+    with open(png, "rb") as fh:
+      self.assertEqual(fh.read(8), b"\x89PNG\r\n\x1a\n")
+    self.assertEqual([p.title for p in drawn], ["Success", "Entropy"])
+    layout = _metrics._seed_layout(curves, panels)
+    self.assertEqual([[label for label, _ in lines] for _, lines in layout],
+                     [["starpo_s", "grpo"], ["starpo_s"]])
+    ax = Figure().add_subplot(1, 1, 1)
+    _metrics._draw_seed_panel(ax, *layout[0])
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), [0.2, 0.3, 0.4])  # mean of seeds
+    np.testing.assert_allclose(ax.lines[1].get_ydata(), [0.1, 0.1, 0.1])
+    self.assertLen(ax.collections, 2)  # one band per label
+    band = ax.collections[0].get_paths()[0].vertices[:, 1]
+    self.assertAlmostEqual(band.min(), 0.1)
+    self.assertAlmostEqual(band.max(), 0.5)
+    self.assertEqual([t.get_text() for t in ax.get_legend().get_texts()],
+                     ["starpo_s", "grpo", "SFT 0.25"])
+    with self.assertRaisesRegex(ValueError, "none of the panels"):
+      train.plot_seed_curves(curves, png, [train.PlotPanel("X", "x")])
+
+
 if __name__ == "__main__":
   absltest.main()
