@@ -32,6 +32,7 @@ range shaded (RAGEN's Fig. 3 at our scale)::
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 
@@ -142,19 +143,23 @@ def plot_comparison(summaries: list[dict], path: str) -> None:
   One line per algorithm (mean of the seeds' EMA curves), the seeds' range
   shaded (``jagent.train.plot_seed_curves``).
   """
-  P = train.PlotPanel  # pylint: disable=invalid-name
+  curves = {s["algorithm"]: {k: np.asarray([r["curves"][k] for r in s["runs"]], np.float64)
+                             for k in s["runs"][0].get("curves", {})} for s in summaries}
+  steps = max((len(c) for s in summaries for c in s["runs"][0].get("curves", {}).values()),
+              default=1)
+  # An EMA time constant of ~steps/20 (0.96 at 500 steps, 0.33 at 30).
+  smoothing = round(float(np.clip(1.0 - 20.0 / steps, 0.0, 0.96)), 2)
+  P = functools.partial(train.PlotPanel, smoothing=smoothing)  # pylint: disable=invalid-name
   panels = (P("Training success (share of episodes, T=1)", "rollout/success", ylim=(0, 1)),
             P("In-group reward std before the filter", "filter/reward_std_before",
               ylim=(0, None)),
             P("Policy entropy (nats/token)", "actor/entropy", ylim=(0, None)),
             P("Valid reply format (share of turns)", "rollout/format_valid_frac",
               ylim=(0, 1.02)))
-  curves = {s["algorithm"]: {k: np.asarray([r["curves"][k] for r in s["runs"]], np.float64)
-                             for k in s["runs"][0].get("curves", {})} for s in summaries}
   seeds = len(summaries[0]["runs"])
   train.plot_seed_curves(curves, path, panels, title=(
-      f"{summaries[0]['env']}: {seeds} seeds per algorithm, same SFT start "
-      "(line: mean of EMA 0.9; band: seeds' range)"))
+      f"{summaries[0]['env']}, {seeds} seeds from one SFT start "
+      f"(seeds' mean of EMA {smoothing:g}; band: min-max)"))
 
 
 def _run_seeds(envs, algorithms, overrides, runs_dir, seeds) -> str:
