@@ -94,9 +94,9 @@ def table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def _mean_std(xs) -> str:
-  xs = np.asarray(xs, np.float64)
-  return f"{np.mean(xs):.3f} ± {np.std(xs, ddof=1) if xs.size > 1 else 0.0:.3f}"
+def _mean_std(xs, mean_format: str = ".3f", std_format: str = ".3f") -> str:
+  m = sweep.mean_std(xs)
+  return f"{m['mean']:{mean_format}} ± {m['std']:{std_format}}"
 
 
 def tail_mean(values, fraction: float = 0.2) -> float:
@@ -127,11 +127,9 @@ def seed_table(summaries: list[dict]) -> str:
     gains = [100 * (b - a) for a, b in zip(sft, rl)]
     stds = [tail_mean(r.get("curves", {}).get("filter/reward_std_before", [float("nan")]))
             for r in runs]
-    gain = np.asarray(gains)
     lines.append(
         f"| {s['env']} | {s['algorithm']} | {len(runs)} | {_mean_std(sft)} | {_mean_std(rl)} | "
-        f"{_mean_std(greedy)} | {np.mean(gain):+.1f} ± "
-        f"{np.std(gain, ddof=1) if gain.size > 1 else 0.0:.1f} | "
+        f"{_mean_std(greedy)} | {_mean_std(gains, '+.1f', '.1f')} | "
         f"{', '.join(f'{g:+.1f}' for g in gains)} | {_mean_std(stds)} | "
         f"{s['seconds']['total'] / 60:.1f} |")
   return "\n".join(lines)

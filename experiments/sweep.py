@@ -287,7 +287,8 @@ def _evaluate(exp, params, keys, batching) -> list[dict]:
   return out
 
 
-def _mean_std(xs) -> dict:
+def mean_std(xs) -> dict:
+  """``{"mean", "std"}`` of a sequence of floats: the sample std (ddof 1), 0 for one value."""
   xs = np.asarray(xs, np.float64)
   return {"mean": float(np.mean(xs)), "std": float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0}
 
@@ -391,7 +392,7 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   for value in dict.fromkeys(r["value"] for r in out_runs):
     members = [r for r in out_runs if r["value"] == value]
     groups.append({"value": value, "seeds": [r["seed"] for r in members],
-                   **{stage: {k: _mean_std([r[stage][k] for r in members])
+                   **{stage: {k: mean_std([r[stage][k] for r in members])
                               for k in members[0][stage]} for stage in ("sft", "rl")}})
   summary = {"env": c.env, "algorithm": c.algorithm, "field": field, "batching": batching,
              "runs": out_runs, "num_levels": c.eval.num_levels,

@@ -241,9 +241,7 @@ def _draw_panel(ax, panel, lines):
   if not any(steps.size for _, steps, _ in lines):
     ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center",
             va="center", fontsize=9, color="0.4")
-  if panel.baseline is not None:
-    ax.axhline(panel.baseline, color="0.3", linestyle="--", linewidth=1.0,
-               label=f"{panel.baseline_label} {panel.baseline:.3g}")
+  _decorate(ax, panel, panel.baseline)
   if panel.ylim is not None:
     lo, hi = panel.ylim
     if lo is not None and hi is not None:  # a margin, so points at the ends show
@@ -256,13 +254,20 @@ def _draw_panel(ax, panel, lines):
       pad = 0.02 * (hi - lo)
       lo, hi = lo - pad, hi + pad
     ax.set_xlim(lo, hi)
+  if ax.get_legend_handles_labels()[0] and (  # more than one line
+      several or ema_drawn or panel.baseline is not None):
+    ax.legend(fontsize=7, loc="best", framealpha=0.8)
+
+
+def _decorate(ax, panel, baseline):
+  """A panel's dashed ``baseline`` (a float, or None: none), title, axis labels and grid."""
+  if baseline is not None:
+    ax.axhline(baseline, color="0.3", linestyle="--", linewidth=1.0,
+               label=f"{panel.baseline_label} {baseline:.3g}")
   ax.set_title(panel.title, fontsize=10)
   ax.set_xlabel("step", fontsize=8)
   ax.tick_params(labelsize=7)
   ax.grid(alpha=0.3)
-  if ax.get_legend_handles_labels()[0] and (  # more than one line
-      several or ema_drawn or panel.baseline is not None):
-    ax.legend(fontsize=7, loc="best", framealpha=0.8)
 
 
 # A panel's cell and the gaps around its axes, in inches.
@@ -313,35 +318,41 @@ def plot_metrics(records: Sequence[Mapping[str, Any]], path: str,
     ImportError: matplotlib is not installed.
     ValueError: no panel's key is in the records.
   """
-  layout = _layout(records, panels)
+  return _draw_figure(_layout(records, panels), _draw_panel, path, ncols=ncols, title=title,
+                      source="records")
+
+
+def _draw_figure(layout, draw_panel, path: str, *, ncols: int, title: str | None,
+                 source: str) -> list[PlotPanel]:
+  """Draws each ``(panel, lines)`` of ``layout`` with ``draw_panel(ax, panel, lines)``,
+  ``ncols`` a row, into ``path``; returns the panels.
+
+  Raises:
+    ImportError: matplotlib is not installed.
+    ValueError: an empty ``layout`` (no panel's key is in the ``source``).
+  """
   if not layout:
-    raise ValueError("none of the panels' keys is in the records.")
-  _draw_figure([lambda ax, p=p, l=l: _draw_panel(ax, p, l) for p, l in layout], path,
-               ncols=ncols, title=title)
-  return [panel for panel, _ in layout]
-
-
-def _draw_figure(draws, path: str, *, ncols: int, title: str | None) -> None:
-  """One panel per ``draw(ax)`` callable, ``ncols`` a row, saved to ``path``."""
+    raise ValueError(f"none of the panels' keys is in the {source}.")
   try:
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
     from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ImportError("plotting metrics needs matplotlib: `pip install "
                       "matplotlib`.") from e
-  ncols = max(1, min(ncols, len(draws)))
-  nrows = math.ceil(len(draws) / ncols)
+  ncols = max(1, min(ncols, len(layout)))
+  nrows = math.ceil(len(layout) / ncols)
   fig = Figure(figsize=_figsize(nrows, ncols, title))
   FigureCanvasAgg(fig)
   # Fixed margins, in inches (a layout engine measuring every text took
   # half the drawing time).
   fig.subplots_adjust(**_margins(nrows, ncols, title))
-  for i, draw in enumerate(draws):
-    draw(fig.add_subplot(nrows, ncols, i + 1))
+  for i, (panel, lines) in enumerate(layout):
+    draw_panel(fig.add_subplot(nrows, ncols, i + 1), panel, lines)
   if title:
     fig.suptitle(title, fontsize=12, y=1.0 - 0.12 / fig.get_figheight(), va="top")
   with files.atomic_path(path) as tmp:
     fig.savefig(tmp, dpi=100, format=os.path.splitext(path)[1][1:] or "png")
+  return [panel for panel, _ in layout]
 
 
 def seed_band(values, smoothing: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -404,12 +415,8 @@ def plot_seed_curves(curves: Mapping[str, Mapping[str, Any]], path: str,
     ImportError: matplotlib is not installed.
     ValueError: no panel's key is in ``curves``, or a curve that is not 2-D.
   """
-  layout = _seed_layout(curves, panels)
-  if not layout:
-    raise ValueError("none of the panels' keys is in the curves.")
-  _draw_figure([lambda ax, p=p, l=l: _draw_seed_panel(ax, p, l) for p, l in layout], path,
-               ncols=ncols, title=title)
-  return [p for p, _ in layout]
+  return _draw_figure(_seed_layout(curves, panels), _draw_seed_panel, path, ncols=ncols,
+                      title=title, source="curves")
 
 
 def _seed_layout(curves, panels):
@@ -432,17 +439,11 @@ def _draw_seed_panel(ax, panel, lines):
     steps = np.arange(1, mean.size + 1)
     ax.fill_between(steps, low, high, color=f"C{i % 10}", alpha=0.2, linewidth=0)
     ax.plot(steps, mean, color=f"C{i % 10}", linewidth=1.6, label=label)
-  if isinstance(panel.baseline, (int, float)):
-    ax.axhline(panel.baseline, color="0.3", linestyle="--", linewidth=1.0,
-               label=f"{panel.baseline_label} {panel.baseline:.3g}")
+  _decorate(ax, panel, panel.baseline if isinstance(panel.baseline, (int, float)) else None)
   if panel.ylim is not None:
     ax.set_ylim(*panel.ylim)
   if panel.xlim is not None:
     ax.set_xlim(*panel.xlim)
-  ax.set_title(panel.title, fontsize=10)
-  ax.set_xlabel("step", fontsize=8)
-  ax.tick_params(labelsize=7)
-  ax.grid(alpha=0.3)
   ax.legend(fontsize=7, loc="best", framealpha=0.8)
 
 

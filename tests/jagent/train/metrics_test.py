@@ -282,11 +282,6 @@ class PlotPanelsTest(absltest.TestCase):
 
 class SeedCurvesTest(absltest.TestCase):
 
-  def setUp(self):
-    super().setUp()
-    self.workdir = tempfile.mkdtemp()
-    self.addCleanup(shutil.rmtree, self.workdir, ignore_errors=True)
-
   def test_seed_band_by_hand(self):
     # Without smoothing: a NaN step is interpolated from its neighbours (seed
     # 0, step 2) or held at the last value (seed 1, step 3).
@@ -313,7 +308,7 @@ class SeedCurvesTest(absltest.TestCase):
                               baseline=0.25, baseline_label="SFT"),
               train.PlotPanel("Entropy", "actor/entropy", smoothing=0.0),
               train.PlotPanel("Missing", "x")]
-    png = os.path.join(self.workdir, "comparison.png")
+    png = os.path.join(self.create_tempdir().full_path, "comparison.png")
     drawn = train.plot_seed_curves(curves, png, panels, title="Bandit")
     with open(png, "rb") as fh:
       self.assertEqual(fh.read(8), b"\x89PNG\r\n\x1a\n")
