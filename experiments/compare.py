@@ -182,7 +182,8 @@ def _run_seeds(envs, algorithms, overrides, runs_dir, seeds) -> str:
       else:
         summary = sweep.sweep(config, workdir, seeds=seeds, sft_params=sft_params)
         sft_params = summary.pop("sft_params")
-        summary.pop("params")
+        for k in ("params", "frozen"):
+          summary.pop(k)
       env_rows.append(summary)
       print(seed_table(env_rows[-1:]).splitlines()[-1], flush=True)
     plot_comparison(env_rows, os.path.join(runs_dir, f"comparison_{env}.png"))

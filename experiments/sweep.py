@@ -33,6 +33,13 @@ program as values can be swept (:data:`SWEEPABLE`: the learning rates); one that
 static configuration (group counts, model, algorithm, ...) needs one program
 per value: run those separately (``experiments.compare --set``).
 
+With LoRA (``config.lora.rank > 0``) on a loaded base (``config.model_dir``)
+the runs share ONE copy of the frozen base: only the adapters, their
+optimizer state and the keys carry the run axis (the programs take the base
+unbatched, ``in_axes=None``), so R runs of a 0.5B policy hold one base, not
+R. The base is loaded once. Runs whose bases differ (a random base per seed,
+``model_dir`` empty) keep a base each (the summary's ``"shared_base"``).
+
 Prints a table of per-run success and mean +- std (sample std over the seeds
 of each value) and writes ``<workdir>/sweep_summary.json``::
 
@@ -59,6 +66,7 @@ import numpy as np
 
 from experiments import cli
 from experiments import common
+from jagent import models
 from jagent import train
 from jagent import transforms
 
@@ -202,6 +210,39 @@ def stack_runs(trees):
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
+def _same_arrays(a, b) -> bool:
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  return (jax.tree.structure(a) == jax.tree.structure(b)
+          and all(x is y or np.array_equal(x, y) for x, y in zip(la, lb)))
+
+
+def stack_sharing_bases(trees) -> tuple[object, list]:
+  """Per-run trees -> ``(trainable, frozen)``: the runs share one frozen base.
+
+  Each tree's LoRA bases (:func:`jagent.models.split_frozen`) are cut off;
+  when every run's bases equal the first run's, ``trainable`` is the stack
+  of the cut trees (leading run axis R) and ``frozen`` the first run's bases
+  (no run axis): :func:`jagent.models.join_frozen` of one run's slice and
+  ``frozen`` is that run's tree. Otherwise (no LoRA, or bases that differ)
+  ``(stack_runs(trees), [])``: each run keeps its own.
+  """
+  parts = [models.split_frozen(t) for t in trees]
+  frozen = parts[0][1]
+  if not frozen or not all(_same_arrays(f, frozen) for _, f in parts[1:]):
+    return stack_runs(trees), []
+  return stack_runs([t for t, _ in parts]), frozen
+
+
+def _join(tree, frozen):
+  """``tree`` with the shared bases put back (as is when there are none)."""
+  return models.join_frozen(tree, frozen) if frozen else tree
+
+
+def _cut(tree, frozen):
+  """``tree`` without the shared bases (inverse of :func:`_join`)."""
+  return models.split_frozen(tree)[0] if frozen else tree
+
+
 def _with_lr(config, which: str, lr):
   opt = getattr(config, which)
   return config.replace(**{which: dataclasses.replace(opt, learning_rate=lr)})
@@ -210,8 +251,10 @@ def _with_lr(config, which: str, lr):
 def sft_program(exp: common.Experiment, field: str | None, batching: str = "vmap"):
   """The SFT stage of R runs as one program (``jit`` of :func:`over_runs`).
 
-  ``(states, tokens, masks, indices, values) -> (params, metrics)``.
+  ``(states, frozen, tokens, masks, indices, values) -> (params, metrics)``.
 
+  ``frozen``: the runs' shared LoRA bases (:func:`stack_sharing_bases`; ``[]``
+  for none), unbatched; ``states`` and the returned params lack them then.
   Per run (leading axis R): an SFT TrainState, its demonstrations' tokens
   and loss masks ``[D, S]``, its minibatch indices ``[steps, batch]`` and the
   swept value (the SFT learning rate when ``field == "sft.learning_rate"``,
@@ -219,63 +262,86 @@ def sft_program(exp: common.Experiment, field: str | None, batching: str = "vmap
   """
   traced = field == "sft.learning_rate"
 
-  def one(state, tokens, mask, indices, value):
+  def one(state, frozen, tokens, mask, indices, value):
     tc = exp.sft_train_config(value if traced else None)
 
     def body(st, idx):
       mb = transforms.Batch(tokens=tokens[idx], loss_mask=mask[idx])
-      return train.sft_update(st, mb, config=tc)
+      st, m = train.sft_update(_join(st, frozen), mb, config=tc)
+      return _cut(st, frozen), m
 
     state, metrics = jax.lax.scan(body, state, indices)
     return state.params, metrics
 
   key = ("sweep_sft", exp.signature(common.SFT_FIELDS), traced, batching)
-  return common.shared_program(key, lambda: jax.jit(over_runs(one, batching, (0,) * 5)))
+  return common.shared_program(
+      key, lambda: jax.jit(over_runs(one, batching, (0, None, 0, 0, 0, 0))))
 
 
 def rl_program(exp: common.Experiment, field: str | None, batching: str = "vmap"):
   """The RL stage of R runs as one program (``jit`` of :func:`over_runs`).
 
-  ``(states, keys, values) -> (states, metrics)``.
+  ``(states, frozen, keys, values) -> (states, metrics)``.
 
+  ``frozen``: the shared LoRA bases, unbatched, as in :func:`sft_program`.
   Per run (leading axis R): an RL TrainState, its rollout keys ``[steps]``
   and the swept value (an RL learning rate when ``field`` is one, else
   unused); ``lax.scan`` of :meth:`experiments.common.Experiment.rl_iteration`
   over the keys. The metrics are ``jagent.train.rl_iteration``'s, ``[R, steps]``.
   """
-  def one(state, keys, value):
+  def one(state, frozen, keys, value):
     cfg = exp.train_config
     if field == "rl.learning_rate":
       cfg = _with_lr(cfg, "actor_optimizer", value)
     elif field == "rl.critic_learning_rate":
       cfg = _with_lr(cfg, "critic_optimizer", value)
-    return jax.lax.scan(lambda st, key: exp.rl_iteration(st, key, config=cfg), state, keys)
+
+    def body(st, key):
+      st, m = exp.rl_iteration(_join(st, frozen), key, config=cfg)
+      return _cut(st, frozen), m
+
+    return jax.lax.scan(body, state, keys)
 
   return common.shared_program(("sweep_rl", exp.signature(), field, batching),
-                               lambda: jax.jit(over_runs(one, batching, (0, 0, 0))))
+                               lambda: jax.jit(over_runs(one, batching, (0, None, 0, 0))))
 
 
 def eval_program(exp: common.Experiment, greedy: bool = False, batching: str = "vmap"):
   """The evaluation chunk of R runs as one program (``jit`` of :func:`over_runs`).
 
-  ``(params, keys, reset_keys) -> (trajectories, {metric: [R]})``:
+  ``(params, frozen, keys, reset_keys) -> (trajectories, {metric: [R]})``:
   ``jagent.train.eval_program`` of the run's evaluation rollout over a
-  leading run axis of ``params`` and ``keys`` (``reset_keys``, one chunk of
+  leading run axis of ``params`` and ``keys`` (``frozen``: the shared LoRA
+  bases, unbatched, as in :func:`sft_program`; ``reset_keys``, one chunk of
   the fixed levels, shared by the runs); ``jagent.train.evaluate`` runs it
   over the chunks as :meth:`experiments.common.Experiment.evaluate` does.
   """
   program = train.eval_program(exp.rollout_fn("eval_greedy" if greedy else "eval_temp"))
+
+  def one(params, frozen, keys, reset_keys):
+    return program(_join(params, frozen), keys, reset_keys)
+
   key = ("sweep_eval", exp.signature(common.ROLLOUT_FIELDS), greedy,
          exp.config.eval.temperature, batching)
-  return common.shared_program(key, lambda: jax.jit(over_runs(program, batching, (0, 0, None))))
+  return common.shared_program(key, lambda: jax.jit(over_runs(one, batching, (0, None, 0, None))))
 
 
 # ---------------------------------------------------------------------- sweep
-def _evaluate(exp, params, keys, batching) -> list[dict]:
+def _initial_params(exps) -> list:
+  """Each run's initial policy; a LoRA base from ``config.model_dir`` is loaded
+  once and shared (the same arrays in every run's tree)."""
+  first = exps[0].init_params()
+  if exps[0].lora_config is None or not exps[0].config.model_dir:
+    return [first] + [e.init_params() for e in exps[1:]]
+  return [first] + [e.with_lora(first.base) for e in exps[1:]]
+
+
+def _evaluate(exp, params, frozen, keys, batching) -> list[dict]:
   """Per run: the :data:`EVAL_KEYS` figures (and ``greedy_*``)."""
   def figures(greedy):
-    m, _ = train.evaluate(eval_program(exp, greedy, batching), params, exp.eval_keys, keys,
-                          exp.config.eval.num_groups)
+    program = eval_program(exp, greedy, batching)
+    m, _ = train.evaluate(lambda p, k, rk: program(p, frozen, k, rk), params, exp.eval_keys,
+                          keys, exp.config.eval.num_groups)
     return m
 
   m = figures(False)
@@ -307,13 +373,18 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
       ``"sft_params"`` of an earlier sweep with the same seeds and SFT
       fields), to start RL from instead of running SFT; None: run SFT. SFT
       reads no RL or algorithm field, so sweeps of several algorithms can
-      share one SFT stage (:mod:`experiments.compare`).
+      share one SFT stage (:mod:`experiments.compare`). LoRA adapters
+      without their base (a shared-base sweep's) get it loaded once.
 
   Returns:
     The summary dict (module docstring; each run's ``"curves"`` holds its
-    per-step RL metrics of :data:`CURVE_KEYS`), plus ``"sft_params"`` and
-    ``"params"``: the policy parameters after SFT and after RL, with a
-    leading run axis (not written to the JSON).
+    per-step RL metrics of :data:`CURVE_KEYS`; ``"shared_base"``: whether
+    the runs shared one LoRA base), plus ``"sft_params"`` and ``"params"``:
+    the policy parameters after SFT and after RL, with a leading run axis,
+    and ``"frozen"``: the shared bases (``[]`` for none; then ``"params"``
+    hold each run's adapters without base, and
+    ``jagent.models.join_frozen(jax.tree.map(lambda x: x[i], params), frozen)``
+    is run ``i``'s policy). These three are not written to the JSON.
 
   Raises:
     ValueError: a bad ``seeds``, ``sweep_spec``, ``batching``, config or
@@ -338,20 +409,27 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
 
   # ---- SFT.
   t0 = time.perf_counter()
+  frozen = []  # the runs' one shared copy of their LoRA bases ([]: none shared)
   if sft_params is not None:
     params = sft_params
-  elif c.sft.steps:
-    params = [e.init_params() for e in exps]
-    demos = [e.demonstrations() for e in exps]
-    batches = [train.trajectory_batch(d) for d in demos]
-    states = stack_runs([e.sft_state(p) for e, p in zip(exps, params)])
-    indices = jnp.asarray(np.stack([e.sft_batch_indices(d.row_valid)
-                                    for e, d in zip(exps, demos)]))
-    params, _ = sft_program(exp, field, batching)(
-        states, jnp.stack([b.tokens for b in batches]),
-        jnp.stack([b.loss_mask for b in batches]), indices, values)
+    lora = lambda x: isinstance(x, models.LoraParams)  # noqa: E731
+    if any(x.base is None for x in jax.tree.leaves(params, is_leaf=lora) if lora(x)):  # an earlier sweep's adapters: load their base once
+      frozen = models.split_frozen(exp.init_params())[1]
   else:
-    params = stack_runs([e.init_params() for e in exps])
+    initial = _initial_params(exps)
+    if c.sft.steps:
+      demos = [e.demonstrations() for e in exps]
+      batches = [train.trajectory_batch(d) for d in demos]
+      states, state_frozen = stack_sharing_bases(
+          [e.sft_state(p) for e, p in zip(exps, initial)])
+      indices = jnp.asarray(np.stack([e.sft_batch_indices(d.row_valid)
+                                      for e, d in zip(exps, demos)]))
+      params, _ = sft_program(exp, field, batching)(
+          states, state_frozen, jnp.stack([b.tokens for b in batches]),
+          jnp.stack([b.loss_mask for b in batches]), indices, values)
+      frozen = models.split_frozen(initial[0])[1] if state_frozen else []
+    else:
+      params, frozen = stack_sharing_bases(initial)
   params = sft_params = jax.block_until_ready(params)
   seconds["sft"] = time.perf_counter() - t0
 
@@ -361,18 +439,23 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
     for e in exps:
       e.eval_keys, e.eval_levels_removed = held, removed
   eval_keys = jnp.stack([e.eval_key() for e in exps])
-  sft_eval = _evaluate(exp, params, eval_keys, batching)
+  sft_eval = _evaluate(exp, params, frozen, eval_keys, batching)
   seconds["eval"] = time.perf_counter() - t0
 
   # ---- RL.
   t0 = time.perf_counter()
-  run_params = [jax.tree.map(lambda x, i=i: x[i], params) for i in range(len(exps))]
-  states = stack_runs([e.rl_state(p) for e, p in zip(exps, run_params)])
+  run_params = [_join(jax.tree.map(lambda x, i=i: x[i], params), frozen)
+                for i in range(len(exps))]
+  states, state_frozen = stack_sharing_bases(
+      [e.rl_state(p) for e, p in zip(exps, run_params)])
+  del run_params
+  if frozen and not state_frozen:  # an RL state whose bases differ by run: each keeps its own
+    frozen = []
   train_success = [math.nan] * len(exps)
   curves = [{} for _ in exps]
   if c.rl.steps:
     keys = jnp.stack([jnp.stack([e.rl_key(s) for s in range(c.rl.steps)]) for e in exps])
-    states, metrics = rl_program(exp, field, batching)(states, keys, values)
+    states, metrics = rl_program(exp, field, batching)(states, state_frozen, keys, values)
     train_success = [float(x) for x in np.asarray(metrics["rollout/success"])[:, -1]]
     curves = [{k: [float(v) for v in np.asarray(metrics[k])[i]]
                for k in CURVE_KEYS if k in metrics} for i in range(len(exps))]
@@ -380,7 +463,7 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   seconds["rl"] = time.perf_counter() - t0
 
   t0 = time.perf_counter()
-  rl_eval = _evaluate(exp, params, eval_keys, batching)
+  rl_eval = _evaluate(exp, params, frozen, eval_keys, batching)
   seconds["eval"] += time.perf_counter() - t0
   seconds["total"] = time.perf_counter() - t_start
 
@@ -397,11 +480,12 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   summary = {"env": c.env, "algorithm": c.algorithm, "field": field, "batching": batching,
              "runs": out_runs, "num_levels": c.eval.num_levels,
              "held_out_removed": int(getattr(exp, "eval_levels_removed", 0)),
+             "shared_base": bool(frozen),
              "groups": groups, "seconds": {k: round(v, 2) for k, v in seconds.items()}}
   if workdir:
     os.makedirs(workdir, exist_ok=True)
     train.write_json(os.path.join(workdir, "sweep_summary.json"), summary)
-  return {**summary, "sft_params": sft_params, "params": params}
+  return {**summary, "sft_params": sft_params, "params": params, "frozen": frozen}
 
 
 def table(summary: dict) -> str:

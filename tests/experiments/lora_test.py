@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from experiments import common
+from experiments import sweep
 from experiments import train as train_job
 from experiments.configs import ragen
 from experiments.configs import tiny
@@ -185,6 +186,37 @@ class LoraBanditTest(absltest.TestCase):
     state, _ = exp.checkpointer(self.workdir).restore(exp.rl_state_target())
     for got, ckpt in zip(jax.tree.leaves(peft.adapters), jax.tree.leaves(state.params.adapters)):
       np.testing.assert_allclose(got, np.asarray(ckpt), rtol=0, atol=0)
+
+  def test_sweep_shares_one_base_and_its_first_run_is_this_run(self):
+    # Issue 23: a sweep vmaps adapters, not models. Two seeds hold ONE copy of
+    # the base (no run axis) beside two sets of adapters and moments; with
+    # batching="map" seed 0 is this class's separate run.
+    s = sweep.sweep(self.config, None, seeds=2, batching="map")
+    self.assertTrue(s["shared_base"])
+    base, _ = models.load_hf_checkpoint(self.base_dir)
+    (frozen,) = s["frozen"]
+    self.assertEqual(jax.tree.structure(frozen), jax.tree.structure(base))
+    for got, want in zip(jax.tree.leaves(frozen), jax.tree.leaves(base)):
+      self.assertEqual(got.shape, want.shape)  # no run axis
+      np.testing.assert_array_equal(got, want)
+    self.assertIsNone(s["params"].base)
+    self.assertTrue(all(x.shape[0] == 2 for x in jax.tree.leaves(s["params"])))
+    exp = common.Experiment(self.config)
+    state, _ = exp.checkpointer(self.workdir).restore(exp.rl_state_target())
+    for got, want in zip(jax.tree.leaves(s["params"].adapters),
+                         jax.tree.leaves(state.params.adapters)):
+      np.testing.assert_allclose(got[0], np.asarray(want), rtol=1e-5, atol=1e-7)
+    self.assertEqual(s["runs"][0]["rl"]["success"], self.summary["rl"]["success"])
+    self.assertEqual(s["runs"][0]["sft"]["success"], self.summary["sft"]["success"])
+    # The seeds matter: the second run's adapters are its own.
+    first = jax.tree.leaves(s["params"].adapters)[0]
+    self.assertFalse(np.array_equal(first[0], first[1]))
+    # RL from those adapters (experiments.compare's reuse) loads the base once
+    # more and gives the same runs.
+    again = sweep.sweep(self.config, None, seeds=2, batching="map",
+                        sft_params=s["sft_params"])
+    self.assertTrue(again["shared_base"])
+    self.assertEqual(json.dumps(again["runs"]), json.dumps(s["runs"]))
 
   def test_killed_run_resumes_to_the_uninterrupted_result(self):
     train_test._assert_resumes(  # pylint: disable=protected-access
