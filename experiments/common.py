@@ -347,6 +347,31 @@ def lora_config(config, model_config: models.ModelConfig | None = None
       ("rank", 0), ("alpha", 32.0), ("dropout", 0.0), ("target_modules", "all-linear"))})
 
 
+LORA_BASE_DTYPES = ("float32", "bfloat16")
+
+
+def lora_base_dtype(config) -> str | None:
+  """The dtype the frozen LoRA base is stored in (``config.lora.base_dtype``).
+
+  ``"bfloat16"`` halves the base's memory; the model still computes in its
+  ``dtype`` (weights are cast at use) and the adapters stay float32.
+
+  Returns:
+    The dtype name, or None when LoRA is off or the field is absent (runs
+    saved before it: the loaded dtype).
+
+  Raises:
+    ConfigError: a value not in :data:`LORA_BASE_DTYPES`, naming the field.
+  """
+  lo = config.get("lora")
+  if lo is None or not lo.get("rank", 0):
+    return None
+  dtype = lo.get("base_dtype", None)
+  if dtype is not None and dtype not in LORA_BASE_DTYPES:
+    raise _bad("lora.base_dtype", dtype, f"must be one of {LORA_BASE_DTYPES}")
+  return dtype
+
+
 def lora_base_warning(config) -> str | None:
   """The warning line of LoRA on a random base, or None.
 
@@ -802,6 +827,7 @@ def validate(config, num_devices: int | None = None) -> None:
                f"{config.prompt.max_actions_per_turn}]")
   eval_rollout_config(config)  # eval.num_groups, eval.temperature
   lora_config(config, None if config.model_dir else models.get_config(config.model))
+  lora_base_dtype(config)
   _validate_diagnostics(config)
   _require_int("checkpoint.every", config.checkpoint.every, 0,
                "must be an int >= 0 (0: a checkpoint after SFT and after the last step only)")
@@ -1018,9 +1044,15 @@ class Experiment:
     return self.with_lora(base)
 
   def with_lora(self, base):
-    """``base`` with the run's fresh LoRA adapters on their shardings (``base`` when off)."""
+    """``base`` with the run's fresh LoRA adapters on their shardings (``base`` when off).
+
+    The base is stored in ``config.lora.base_dtype`` (:func:`lora_base_dtype`).
+    """
     if self.lora_config is None:
       return base
+    dtype = lora_base_dtype(self.config)
+    if dtype is not None:
+      base = jax.tree.map(lambda w: w if w.dtype == dtype else w.astype(dtype), base)
     key = jax.random.fold_in(jax.random.key(self.config.seed), 4)
     make = lambda: models.init_lora(None, self.model_config, self.lora_config, key)  # noqa: E731
     adapters = jax.jit(make, out_shardings=sharding.param_shardings(

@@ -56,7 +56,11 @@ temporaries)::
 
     python -m experiments.benchmarks.memory --compare_lora \
         --config.tokenizer=tiny --config.prompt.chat_template=chatml \
-        --meshes='data:1;fsdp:8'
+        --meshes='data:1;fsdp:8' [--sweep_runs=4]
+
+It also gives the state of ``--sweep_runs`` runs of one ``experiments.sweep``
+program: full fine-tuning stacks every run's state; LoRA on a loaded base
+holds one copy of the frozen bases and each run's adapters and moments.
 """
 
 from __future__ import annotations
@@ -123,6 +127,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS,
                     "jagent.models named configs of --compare_lora.", flag_values=flag_values)
   flags.DEFINE_integer("lora_rank", 64, "The adapters' rank in --compare_lora.",
                        flag_values=flag_values)
+  flags.DEFINE_integer("sweep_runs", 4, "Runs of one experiments.sweep program whose state "
+                       "--compare_lora also reports.", flag_values=flag_values)
   return flag_values
 
 
@@ -229,7 +235,8 @@ def state_bytes(exp: common.Experiment) -> dict[str, int]:
   return out
 
 
-def compare_lora(config, meshes: str, model_names, rank: int) -> dict[str, Any]:
+def compare_lora(config, meshes: str, model_names, rank: int, sweep_runs: int = 4
+                 ) -> dict[str, Any]:
   """Persistent state per device without and with LoRA, per model and mesh.
 
   For each named model and each mesh: ``config`` with ``model`` set (random
@@ -244,13 +251,18 @@ def compare_lora(config, meshes: str, model_names, rank: int) -> dict[str, Any]:
     meshes: ``--meshes`` (see :func:`parse_meshes`).
     model_names: ``jagent.models`` config names.
     rank: the adapters' rank (>= 1).
+    sweep_runs: R, the runs of one ``experiments.sweep`` program (>= 1).
 
   Returns:
-    ``{"env", "algorithm", "critic", "rank", "rows": [{"model", "num_params",
-    "mesh", "devices", "full": state_bytes, "lora": state_bytes}]}``.
+    ``{"env", "algorithm", "critic", "rank", "sweep_runs", "rows": [{"model",
+    "num_params", "mesh", "devices", "full": state_bytes, "lora": state_bytes,
+    "sweep": {"full", "lora_shared_base"}}]}``; ``sweep`` in bytes per device:
+    ``R x full total`` (each run its own weights) and ``frozen + R x (LoRA
+    total - frozen)`` (one base shared by the runs' adapters).
 
   Raises:
-    ValueError: an unknown model, a bad rank or mesh, before anything is built.
+    ValueError: an unknown model, a bad rank, run count or mesh, before
+      anything is built.
   """
   specs = parse_meshes(meshes, jax.device_count())
   unknown = [m for m in model_names if m not in models.config_names()]
@@ -259,6 +271,12 @@ def compare_lora(config, meshes: str, model_names, rank: int) -> dict[str, Any]:
                      f"{models.config_names()}")
   if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
     raise ValueError(f"--lora_rank={rank!r}: must be an int >= 1")
+  if isinstance(sweep_runs, bool) or not isinstance(sweep_runs, int) or sweep_runs < 1:
+    raise ValueError(f"--sweep_runs={sweep_runs!r}: must be an int >= 1")
+
+  def sweep_state(full, lora):
+    return dict(full=sweep_runs * full["total"],
+                lora_shared_base=lora["frozen"] + sweep_runs * (lora["total"] - lora["frozen"]))
 
   def variant(name, spec, n, r):
     c = config.copy_and_resolve_references()
@@ -268,12 +286,16 @@ def compare_lora(config, meshes: str, model_names, rank: int) -> dict[str, Any]:
 
   exps = {(m, spec, r): variant(m, spec, n, r)  # every config checked first
           for m in model_names for spec, n in specs for r in (0, rank)}
-  rows = [dict(model=m, num_params=models.get_config(m).num_params(), mesh=spec, devices=n,
-               full=state_bytes(exps[m, spec, 0]), lora=state_bytes(exps[m, spec, rank]))
-          for m in model_names for spec, n in specs]
+  rows = []
+  for m in model_names:
+    for spec, n in specs:
+      full, lora = state_bytes(exps[m, spec, 0]), state_bytes(exps[m, spec, rank])
+      rows.append(dict(model=m, num_params=models.get_config(m).num_params(), mesh=spec,
+                       devices=n, full=full, lora=lora, sweep=sweep_state(full, lora)))
   exp = exps[model_names[0], specs[0][0], 0]
   return dict(env=exp.config.env, algorithm=exp.config.algorithm,
-              critic=exp.config.rl.critic if exp.needs.critic else None, rank=rank, rows=rows,
+              critic=exp.config.rl.critic if exp.needs.critic else None, rank=rank,
+              sweep_runs=sweep_runs, rows=rows,
               backend=jax.default_backend())
 
 
@@ -282,13 +304,15 @@ def report_compare(res: dict[str, Any]) -> None:
   print(f"LoRA memory comparison: {res['env']} {res['algorithm']}, critic {res['critic']}; "
         f"persistent state per device (params, AdamW moments, critic), rank {res['rank']} "
         "all-linear; exact, temporaries not included")
+  runs = res["sweep_runs"]
   print("| model | params | mesh | full GiB | LoRA GiB | of which frozen base GiB | "
-        "LoRA / full |")
-  print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
+        f"LoRA / full | {runs} runs full GiB | {runs} runs LoRA, one base GiB |")
+  print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
   for r in res["rows"]:
     full, lora = r["full"]["total"], r["lora"]["total"]
     print(f"| {r['model']} | {r['num_params']:,} | {r['mesh']} | {full / GiB:,.2f} | "
-          f"{lora / GiB:,.2f} | {r['lora']['frozen'] / GiB:,.2f} | {lora / full:.2f} |")
+          f"{lora / GiB:,.2f} | {r['lora']['frozen'] / GiB:,.2f} | {lora / full:.2f} | "
+          f"{r['sweep']['full'] / GiB:,.2f} | {r['sweep']['lora_shared_base'] / GiB:,.2f} |")
   print(json.dumps(res, default=float))
 
 
@@ -460,7 +484,8 @@ def main(argv, flag_values: flags.FlagValues = flags.FLAGS):
   del argv
   if flag_values.compare_lora:
     report_compare(compare_lora(flag_values.config, flag_values.meshes,
-                                flag_values.compare_models, flag_values.lora_rank))
+                                flag_values.compare_models, flag_values.lora_rank,
+                                flag_values.sweep_runs))
     return
   report(run(flag_values.config, flag_values.meshes, flag_values.layers))
 

@@ -69,8 +69,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # fine-tuned; common.lora_base_warning says so). Train the base first (a
   # full run's <workdir>/policy export as model_dir) and use ~10x the full
   # fine-tuning learning rate (lora_test's Bandit run: rl.learning_rate 1e-2).
+  # base_dtype "bfloat16" stores the frozen base in half the memory (computed
+  # in the model's dtype; the adapters stay float32).
   c.lora = ml_collections.ConfigDict(dict(
-      rank=0, alpha=32.0, dropout=0.0, target_modules="all-linear"))
+      rank=0, alpha=32.0, dropout=0.0, target_modules="all-linear", base_dtype="float32"))
   # Devices: "" runs on one device; a jagent.sharding.make_mesh spec ("data:8",
   # "data:2,fsdp:2,tensor:2", "fsdp:-1") spreads the run over every device jax
   # sees (all processes' with --distributed); rows over data x fsdp.

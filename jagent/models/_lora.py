@@ -298,12 +298,16 @@ _WEIGHT = {"q": "wq", "k": "wk", "v": "wv", "o": "wo", "gate": "w_gate", "up": "
            "down": "w_down"}
 
 
-def merge_lora(params: LoraParams) -> Any:
+def merge_lora(params: LoraParams, min_dtype: Any = None) -> Any:
   """The base ``Params`` with every adapter folded in: ``W + (alpha / r) A B``.
 
-  Computed in float32 and cast to each weight's dtype. Its forward equals the
-  unmerged ``LoraParams``'s up to rounding (float32: ~1e-6); the result is a
-  plain ``jagent.models.Params`` (export, or serving without LoRA code).
+  Computed in float32 and cast to each weight's dtype, or with ``min_dtype``
+  to ``jnp.promote_types(weight dtype, min_dtype)``: sampling passes the
+  model's compute dtype, so a bfloat16 base computed in float32 samples the
+  float32 sum the unmerged forward trains on (rounding the small ``A B`` into
+  bfloat16 weights would change the policy). Its forward equals the unmerged
+  ``LoraParams``'s up to rounding (float32: ~1e-6); the result is a plain
+  ``jagent.models.Params`` (export, or serving without LoRA code).
 
   Raises:
     ValueError: ``params`` is not a LoraParams with a base.
@@ -320,7 +324,8 @@ def merge_lora(params: LoraParams) -> Any:
       w = getattr(lp, _WEIGHT[name])
       a = pair.a.astype(jnp.float32).reshape(-1, pair.a.shape[-1])
       delta = scale * (a @ pair.b.astype(jnp.float32).reshape(pair.b.shape[0], -1))
-      changes[_WEIGHT[name]] = (w.astype(jnp.float32) + delta.reshape(w.shape)).astype(w.dtype)
+      dtype = w.dtype if min_dtype is None else jnp.promote_types(w.dtype, min_dtype)
+      changes[_WEIGHT[name]] = (w.astype(jnp.float32) + delta.reshape(w.shape)).astype(dtype)
     layers.append(lp.replace(**changes))
   return params.base.replace(layers=tuple(layers))
 

@@ -361,7 +361,8 @@ def generate(
     raise ValueError(f"SamplingConfig.stop_strings={sp.stop_strings!r} needs the "
                      "tokenizer's token_table (Tokenizer.token_bytes()).")
   if sp.merge_lora and _lora.is_lora(params):
-    params = _lora.merge_lora(params)  # once per call (SamplingConfig.merge_lora)
+    # Once per call (SamplingConfig.merge_lora), at least in the compute dtype.
+    params = _lora.merge_lora(params, min_dtype=c.jnp_dtype)
   prompt = jnp.asarray(prompt, jnp.int32)
   prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
   b, p = prompt.shape

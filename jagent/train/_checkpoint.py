@@ -202,6 +202,6 @@ def export_policy(params: models.Params | models.LoraParams, config: models.Mode
       raise ValueError(f"tokenizer of {tokenizer.vocab_size} ids does not fit the model's "
                        f"vocab_size={config.vocab_size}")
     extra = tokenizer.hf_files(chat_template)
-  if isinstance(params, models.LoraParams):
-    params = models.merge_lora(params)
+  if isinstance(params, models.LoraParams):  # a bfloat16 base: merged in the config's dtype
+    params = models.merge_lora(params, min_dtype=config.jnp_param_dtype)
   models.save_hf_checkpoint(params, config, path, extra_files=extra)

@@ -22,6 +22,7 @@ from unittest import mock
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -76,6 +77,36 @@ class LoraConfigTest(parameterized.TestCase):
     warning.assert_called_once_with(line)
     c.model_dir = "/a/trained/base"  # a loaded base: no warning
     self.assertIsNone(common.lora_base_warning(c))
+
+  def test_bfloat16_base(self):
+    # lora.base_dtype=bfloat16 stores the frozen base in half the bytes; the
+    # adapters and their moments stay float32, and an RL step trains them
+    # while the base stays as loaded.
+    c = tiny.get_config("Bandit-v0,dr_grpo")
+    c.model, c.seed = "nano", 0
+    c.rollout.update(dict(num_groups=2, group_size=4, max_tokens_per_turn=12))
+    c.rl.update(dict(num_microbatches=1, learning_rate=1e-2))
+    c.algorithm_kwargs.entropy_coef = 0.01  # random base: every reward alike, advantages 0
+    c.lora.update(dict(rank=4, base_dtype="bfloat16"))
+    exp = common.Experiment(c)
+    params = exp.init_params()
+    self.assertEqual({x.dtype for x in jax.tree.leaves(params.base)}, {np.dtype(jnp.bfloat16)})
+    self.assertEqual({x.dtype for x in jax.tree.leaves(params.adapters)}, {np.dtype("float32")})
+    for half, f32 in zip(jax.tree.leaves(params.base), jax.tree.leaves(
+        models.init(exp.model_config, jax.random.key(0)))):
+      np.testing.assert_array_equal(half, np.asarray(f32).astype(jnp.bfloat16))
+    state, metrics = exp.rl_step(exp.rl_state(params), 0)
+    self.assertTrue(np.isfinite(float(metrics["actor/entropy"])), metrics)
+    for got, want in zip(jax.tree.leaves(state.params.base), jax.tree.leaves(params.base)):
+      self.assertEqual(got.dtype, jnp.bfloat16)
+      np.testing.assert_array_equal(got, want)
+    moved = [float(jnp.abs(g - w).max()) for g, w in zip(jax.tree.leaves(state.params.adapters),
+                                                          jax.tree.leaves(params.adapters))]
+    self.assertGreater(max(moved), 0.0)
+    c.lora.base_dtype = "float16"
+    with self.assertRaisesRegex(ValueError, r"config.lora.base_dtype='float16': must be one of "
+                                r"\('float32', 'bfloat16'\)"):
+      common.validate(c)
 
   def test_family_without_the_module_names_the_field(self):
     from jagent.models import _lora  # pylint: disable=g-import-not-at-top

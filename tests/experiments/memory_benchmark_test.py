@@ -114,10 +114,10 @@ class MemoryBenchmarkTest(absltest.TestCase):
   def test_compare_lora_state_by_hand(self):
     # StarPO-S with a GAE critic of its own (a second trunk), rank 4 on nano.
     out = _run_main("--compare_lora", "--compare_models=nano", "--lora_rank=4",
-                    "--meshes=data:1;fsdp:2", "--config.rl.critic=model",
+                    "--sweep_runs=3", "--meshes=data:1;fsdp:2", "--config.rl.critic=model",
                     "--config.algorithm_kwargs.advantage=gae")
     self.assertIn("LoRA memory comparison: Bandit-v0 starpo_s, critic model", out)
-    self.assertRegex(out, r"\n\| nano \| [0-9,]+ \| fsdp:2 \|( [0-9.,]+ \|){4}\n")
+    self.assertRegex(out, r"\n\| nano \| [0-9,]+ \| fsdp:2 \|( [0-9.,]+ \|){6}\n")
     res = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
     c = models.get_config("nano")
     n, r = c.num_params(), 4
@@ -140,8 +140,13 @@ class MemoryBenchmarkTest(absltest.TestCase):
     # fsdp shards the frozen bases too.
     self.assertLess(fsdp["lora"]["frozen"], lora["frozen"])
     self.assertLess(fsdp["full"]["total"], full["total"])
+    # A sweep of 3 runs: full fine-tuning stacks 3 states; LoRA shares the two
+    # frozen trunks and stacks only adapters, moments and counters.
+    self.assertEqual(one["sweep"], {"full": 3 * full["total"], "lora_shared_base": (
+        2 * 4 * n + 3 * (lora["total"] - 2 * 4 * n))})
     for args, message in ((("--compare_models=gpt5",), "--compare_models=gpt5"),
-                          (("--lora_rank=0",), "--lora_rank=0: must be an int >= 1")):
+                          (("--lora_rank=0",), "--lora_rank=0: must be an int >= 1"),
+                          (("--sweep_runs=0",), "--sweep_runs=0: must be an int >= 1")):
       with self.subTest(args=args):
         with self.assertRaisesRegex(ValueError, re.escape(message)):
           _run_main("--compare_lora", "--meshes=data:1", *args)

@@ -97,6 +97,33 @@ class LoraTest(parameterized.TestCase):
                             sampling=models.SamplingConfig(max_new_tokens=12))
     self.assertFalse(np.array_equal(plain.tokens, out[True].tokens))
 
+  def test_bfloat16_base_merges_in_the_compute_dtype(self):
+    # A bfloat16 base under float32 compute (experiments' lora.base_dtype):
+    # merged with min_dtype float32 it is the unmerged forward to float32
+    # rounding, and the sampled log-probs match; merged into bfloat16 weights
+    # the small A B is rounded away in part, so the logits move by far more.
+    base = jax.tree.map(lambda w: w.astype(jnp.bfloat16), models.init(CFG, jax.random.key(0)))
+    lora = models.init_lora(base, CFG, models.LoraConfig(rank=4, alpha=8.0), jax.random.key(2))
+    lora = _randomize_b(lora, jax.random.key(3))
+    lora = lora.replace(adapters=jax.tree.map(lambda x: 0.05 * x, lora.adapters))  # small A B
+    unmerged = np.asarray(_logits(lora, self.tokens, CFG))
+    merged = models.merge_lora(lora, min_dtype=jnp.float32)
+    layer = merged.layers[0]
+    self.assertEqual({getattr(layer, w).dtype for w in ("wq", "wk", "wv", "wo", "w_gate",
+                                                        "w_up", "w_down")}, {jnp.dtype("float32")})
+    self.assertEqual(merged.embed.dtype, jnp.bfloat16)  # not adapted: kept as it is
+    np.testing.assert_allclose(np.asarray(_logits(merged, self.tokens, CFG)), unmerged,
+                               atol=1e-5, rtol=0)
+    rounded = np.asarray(_logits(models.merge_lora(lora), self.tokens, CFG))
+    self.assertGreater(np.abs(rounded - unmerged).max(), 1e-4)
+    prompt = jax.random.randint(jax.random.key(4), (4, 5), 1, CFG.vocab_size)
+    lengths = jnp.array([5, 4, 3, 5], jnp.int32)
+    out = [models.generate(lora, prompt, lengths, jax.random.key(5), config=CFG,
+                           sampling=models.SamplingConfig(max_new_tokens=8, merge_lora=m))
+           for m in (True, False)]
+    np.testing.assert_array_equal(out[0].tokens, out[1].tokens)
+    np.testing.assert_allclose(out[0].logprobs, out[1].logprobs, atol=1e-5)
+
   def test_dropout(self):
     base = models.init(CFG, jax.random.key(0))
     cfg_drop = models.LoraConfig(rank=4, alpha=8.0, dropout=0.5)
