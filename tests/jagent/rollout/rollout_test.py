@@ -5,7 +5,8 @@ Two policies drive the rollouts through the real sampler:
   logits depend only on the current token) whose greedy continuation of the
   assistant header spells a fixed valid answer, e.g. ``<answer>Up || Left
   </answer>``: actions are parsed and played every turn (moves, holes, goals,
-  action budgets, Bandit arms, Countdown answers);
+  action budgets, Bandit arms, Countdown answers, Sudoku placements, cube
+  turns, 2048 merges);
 - a random transformer in think mode, whose replies are arbitrary bytes
   (format penalties, long replies, context overflow).
 The reference (``host_rollout(reencode=True)``) re-tokenizes the whole
@@ -35,6 +36,9 @@ TOK = tokenizers.load_tiny_tokenizer()
 ANSWERS = {  # one valid reply per game, spelled by tokens that never repeat
     "Bandit-v0": "Dragon", "BanditTest-v0": "Trader", "Countdown-v0": "1 + 2",
     "FrozenLake-4x4-v0": "Down || Right", "FrozenLake-4x4-det-v0": "Down || Right",
+    "CoordFrozenLake-4x4-v0": "Down || Right", "CoordSokoban-6x6-1box-v0": "Up || Left",
+    "Game2048-4x4-v0": "Up || Left", "RubiksCube-2x2-v0": "U || R'",
+    "Sudoku-4x4-v0": "3 at 1,2",  # RAGEN's "N at R,C": place 3 at row 1 col 2
 }
 MICRO = models.ModelConfig(vocab_size=512, embed_dim=64, num_layers=1, num_heads=2,
                            num_kv_heads=1, head_dim=16, mlp_dim=64, tie_embeddings=False,
@@ -145,13 +149,18 @@ class RolloutReferenceTest(parameterized.TestCase):
 
   # One env per game: the other registered ids differ only in level data
   # (Boxoban-hard / -medium), grid size and boxes (Sokoban-8x8-2box), symbols
-  # (Sokoban-6x6-1box-altsym), dynamics (FrozenLake-4x4-det) or arm names
-  # (BanditTest). The env tests cover those, and the on-device rendering of
-  # each id is checked against the tokenizer in text_test.py (TextEnv's
-  # verify_states); a whole rollout per id (~20 s of compile each) added
-  # nothing the game's one rollout does not check.
+  # (Sokoban-6x6-1box-altsym), dynamics (FrozenLake-4x4-det), arm names
+  # (BanditTest) or grid size and empty cells (Sudoku-9x9-easy / -medium share
+  # Sudoku-4x4's code: generator, parser, rendering). The env tests cover
+  # those, and the on-device rendering of each id is checked against the
+  # tokenizer in text_test.py (TextEnv's verify_states); a whole rollout per id
+  # (~20 s of compile each) added nothing the game's one rollout does not check.
+  # The Coord ids are their own game modules (coordinate text over the base
+  # games), so they get a rollout of their own.
   @parameterized.parameters("Bandit-v0", "Boxoban-unfiltered-test-v0", "Countdown-v0",
-                            "FrozenLake-4x4-v0", "Sokoban-6x6-1box-v0")
+                            "FrozenLake-4x4-v0", "Sokoban-6x6-1box-v0", "Game2048-4x4-v0",
+                            "RubiksCube-2x2-v0", "Sudoku-4x4-v0", "CoordSokoban-6x6-1box-v0",
+                            "CoordFrozenLake-4x4-v0")
   def test_greedy_answers_equal_reencoding_host_loop(self, env_id):
     reply = "<answer>" + ANSWERS.get(env_id, "Up || Left") + "</answer>"
     config = rollout.RolloutConfig(num_groups=2, group_size=2, max_turns=5,
@@ -169,9 +178,18 @@ class RolloutReferenceTest(parameterized.TestCase):
     if env_id.startswith(("Bandit", "Countdown")):  # single turn, one answer
       np.testing.assert_array_equal(device.num_turns, 1)
       np.testing.assert_array_equal(device.end_reason, _trajectory.TERMINATED)
-    if env_id.startswith(("Sokoban", "Boxoban")):  # 2 actions x 5 turns = the budget
-      np.testing.assert_array_equal(np.asarray(device.num_actions)[~np.asarray(
-          device.terminated)], 10)
+    # Named moves: every turn plays both actions, so a row that did not end at
+    # a goal, hole or solved cube used up 2 x 5 turns = the budget of 10. The
+    # prefixes are spelled out: "CoordSokoban" does not start with "Sokoban".
+    if env_id.startswith(("Sokoban", "Boxoban", "CoordSokoban", "FrozenLake",
+                          "CoordFrozenLake", "Game2048", "RubiksCube")):
+      alive = ~np.asarray(device.terminated)
+      np.testing.assert_array_equal(np.asarray(device.num_actions)[alive], 10)
+      np.testing.assert_array_equal(np.asarray(device.end_reason)[alive],
+                                    _trajectory.ACTION_BUDGET)
+    if env_id.startswith("Sudoku"):  # free text: one move a turn, 6 empty cells stay unsolved
+      np.testing.assert_array_equal(device.num_actions, 5)
+      np.testing.assert_array_equal(device.end_reason, _trajectory.MAX_TURNS)
     if env_id == "Bandit-v0":  # the high arm: success on every row
       np.testing.assert_array_equal(device.success, True)
 

@@ -89,10 +89,11 @@ class HostTextTest(absltest.TestCase):
 class DeviceRenderingTest(parameterized.TestCase):
 
   # Every rendering: the games, plus Sokoban's other grid size and symbols
-  # (rollout_test plays one id per game).
+  # (rollout_test plays one id per game). The Sudoku and Coord ids are checked
+  # the same way in tests/envs_jax/sudoku_test.py and coord_envs_test.py.
   @parameterized.parameters("Sokoban-6x6-1box-v0", "Sokoban-6x6-1box-altsym-v0",
                             "Sokoban-8x8-2box-v0", "FrozenLake-4x4-v0", "Bandit-v0",
-                            "Countdown-v0")
+                            "Countdown-v0", "Game2048-4x4-v0", "RubiksCube-2x2-v0")
   def test_ragen_prompt_agrees_with_tokenizer(self, env_id):
     env, _ = envs_jax.make(env_id)
     te = rollout.TextEnv(env, TOK, verify_states=64)  # raises on any disagreement
