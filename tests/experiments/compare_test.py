@@ -1,6 +1,7 @@
 """experiments.compare: config overrides and the comparison table."""
 
 import os
+import tempfile
 
 from absl import flags
 from absl.testing import absltest
@@ -87,7 +88,8 @@ class SeedGridTest(absltest.TestCase):
                      "2.0 |")
 
   def test_plot_comparison_writes_a_png(self):
-    png = os.path.join(self.create_tempdir().full_path, "comparison_Bandit-v0.png")
+    tmp = self.enterContext(tempfile.TemporaryDirectory())
+    png = os.path.join(tmp, "comparison_Bandit-v0.png")
     compare.plot_comparison(
         [_seed_summary(a, [0.5, 0.25], [0.75, 0.5], [[1.0] * 10] * 2)
          for a in ("starpo_s", "ppo")], png)

@@ -308,7 +308,7 @@ class SeedCurvesTest(absltest.TestCase):
                               baseline=0.25, baseline_label="SFT"),
               train.PlotPanel("Entropy", "actor/entropy", smoothing=0.0),
               train.PlotPanel("Missing", "x")]
-    png = os.path.join(self.create_tempdir().full_path, "comparison.png")
+    png = os.path.join(self.enterContext(tempfile.TemporaryDirectory()), "comparison.png")
     drawn = train.plot_seed_curves(curves, png, panels, title="Bandit")
     with open(png, "rb") as fh:
       self.assertEqual(fh.read(8), b"\x89PNG\r\n\x1a\n")
