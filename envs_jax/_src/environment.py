@@ -171,6 +171,28 @@ class Environment(abc.ABC, Generic[EnvState, EnvParams]):
       raise NotImplementedError(f"{self.name} has no discrete actions to sample")
     return jax.random.randint(key, (), 0, self.num_actions, dtype=jnp.int32)
 
+  def text_sizing_state(self, key: jax.Array, params: EnvParams) -> EnvState:
+    """A random state whose rendering helps size the prompt buffers.
+
+    ``jagent.rollout.TextEnv`` renders a batch of these to set the width of
+    a prompt's ``{state}`` field (the longest seen plus a margin; a longer
+    state at run time is a prompt overflow) and to check the on-device text
+    against the tokenizer. Default: a reset plus 0-3 random actions for a
+    discrete game (:func:`random_steps`), a reset otherwise. A game whose
+    text grows in states that these rarely reach (Sudoku's feedback and
+    valid-number listing) overrides it to draw those too.
+
+    Args:
+      key: a typed PRNG key.
+      params: the env params.
+
+    Returns:
+      One unbatched state (jit- and vmap-able).
+    """
+    k0, k1 = jax.random.split(key)
+    _, state = self.reset(k0, params)
+    return random_steps(self, k1, state, params) if self.num_actions else state
+
   # ----------------------------------------------------------------- text
   @abc.abstractmethod
   def render_symbols(self, state: EnvState) -> jax.Array:
@@ -444,6 +466,23 @@ def grid_render_symbols(grid_symbol_ids: jax.Array, newline_id: int) -> jax.Arra
   h, _ = grid.shape
   nl = jnp.full((h, 1), newline_id, jnp.int32)
   return jnp.concatenate([grid, nl], axis=1).reshape(-1)[:-1]
+
+
+def random_steps(env: Environment, key: jax.Array, state: EnvState, params: EnvParams,
+                 max_steps: int = 3) -> EnvState:
+  """``state`` after a uniform number in ``[0, max_steps]`` of ``env.sample_action`` steps.
+
+  jit- and vmap-able (a ``fori_loop`` of ``max_steps`` steps, each kept or
+  not). Raises NotImplementedError for an env that cannot sample actions.
+  """
+  def step(i, carry):
+    s, k = carry
+    k, ka, ks = jax.random.split(k, 3)
+    nxt = env.step(ks, s, env.sample_action(ka), params)[1]
+    take = i < jax.random.randint(k, (), 0, max_steps + 1)
+    return tree_select(take, nxt, s), k
+
+  return jax.lax.fori_loop(0, max_steps, step, (state, key))[0]
 
 
 def tree_select(pred: jax.Array, on_true: Any, on_false: Any) -> Any:

@@ -323,6 +323,25 @@ class Sudoku(environment.Environment[SudokuState, SudokuParams]):
                       digits[2]])
     return jnp.zeros((self.max_answer_bytes,), jnp.uint8).at[:5].set(text)
 
+  def text_sizing_state(self, key, params):
+    """A reset, or (half the draws) its solution with 1-10 cells emptied, plus 0-3 random moves.
+
+    The longest texts are a move's feedback (conflicts, the cell's valid
+    numbers) and the valid-number listing of a board with at most 10 empty
+    cells, which random moves from a reset never reach; both are drawn here
+    so that ``jagent.rollout.TextEnv`` sizes the prompt for them.
+    """
+    k0, k1, k2, k3, k4 = jax.random.split(key, 5)
+    _, state = self.reset(k0, params)
+    n = self.size
+    open_cells = ~state.givens.reshape(-1)
+    num_empty = jnp.minimum(jax.random.randint(k1, (), 1, _MAX_LISTED + 1), jnp.sum(open_cells))
+    order = jnp.argsort(jnp.where(open_cells, jax.random.uniform(k2, (n * n,)), 2.0))
+    empty = jnp.zeros((n * n,), bool).at[order].set(jnp.arange(n * n) < num_empty)
+    near = state.replace(grid=jnp.where(empty.reshape(n, n), 0, state.solution).astype(jnp.int8))
+    state = environment.tree_select(jax.random.bernoulli(k3), near, state)
+    return environment.random_steps(self, k4, state, params)
+
   # ----------------------------------------------------------------- expert
   def expert_answers(self, states, params, *, actions_per_turn=1, **options):
     """A forced correct move for each state, as ``"R,C,N"`` (host side).

@@ -367,8 +367,8 @@ class TextEnv:
             ) -> dict[str, Any]:
     """Draws verification states and renders their prompts in one jitted call.
 
-    States are resets from ``num_states`` keys plus 0-3 random actions
-    (discrete games); turn numbers (2-39), budgets (0-119), rewards (tenths in
+    States are ``env.text_sizing_state`` of ``num_states`` keys (a reset plus
+    0-3 random actions in a discrete game); turn numbers (2-39), budgets (0-119), rewards (tenths in
     [-15, 15)) and EOS flags are drawn on the host from ``seed``.
 
     Args:
@@ -393,16 +393,7 @@ class TextEnv:
     lead = max(len(t) for t in self._lead)
 
     def one(key, turn, left, reward, eos):
-      k0, k1 = jax.random.split(key)
-      _, state = env.reset(k0, params)
-      if env.num_actions:
-        def step(i, carry):
-          s, k = carry
-          k, ka, ks = jax.random.split(k, 3)
-          nxt = env.step(ks, s, env.sample_action(ka), params)[1]
-          take = i < jax.random.randint(k, (), 0, 4)
-          return _environment.tree_select(take, nxt, s), k
-        state, _ = jax.lax.fori_loop(0, 3, step, (state, k1))
+      state = env.text_sizing_state(key, params)
       ids = jnp.asarray(env.render_symbols(state), jnp.int32)
       if widths is None:
         bound = self._state_bound(ids.shape[0])
@@ -563,8 +554,8 @@ class TextEnv:
   def verify(self, num_states: int = 256, seed: int = 0) -> None:
     """Checks device prompts against ``tokenizer.encode`` on random states.
 
-    States are resets from ``num_states`` keys and, for discrete-action
-    games, the states after 0-3 random actions; turn numbers, budgets,
+    States are ``env.text_sizing_state`` of ``num_states`` keys (a reset
+    plus 0-3 random actions in a discrete game); turn numbers, budgets,
     rewards and the EOS flag are drawn at random too.
 
     Raises:

@@ -355,6 +355,24 @@ class RulesTest(parameterized.TestCase):
   def test_prompts_agree_with_the_tokenizer(self, env_id):
     rollout.TextEnv(compiled(env_id)[0], TOK, verify_states=16)
 
+  @parameterized.parameters("Sudoku-4x4-v0", "Sudoku-9x9-easy-v0")
+  def test_prompt_width_holds_feedback_and_listings(self, env_id):
+    # The states that size the prompt include a move's feedback and boards of
+    # at most 10 empty cells (the valid-number listing): before they did,
+    # every turn after the first overflowed the prompt (only resets were
+    # drawn). The states of a moved or near-solved board from other keys fit.
+    env, params, _, _ = compiled(env_id)
+    draw = jax.jit(jax.vmap(lambda k: env.text_sizing_state(k, params)))
+    states = jax.device_get(draw(jax.random.split(jax.random.key(3), 256)))
+    empty = (states.grid == 0).sum((1, 2))
+    self.assertTrue(np.any(states.feedback[:, 0] != sudoku.NONE))
+    self.assertTrue(np.any((empty >= 1) & (empty <= 10) & (states.feedback[:, 0] != sudoku.NONE)))
+    self.assertTrue(np.all(np.where(states.givens, states.grid == states.solution, True)))
+    text_env = rollout.TextEnv(env, TOK, verify_states=8)
+    longest = max(len(TOK.encode(env.render_text(jax.tree.map(lambda x, i=i: x[i], states))))
+                  for i in range(0, 256, 4))
+    self.assertLessEqual(longest, text_env._state_len)  # pylint: disable=protected-access
+
   def test_expert_solves_and_earns_the_bonus(self):
     env, params, reset, step = compiled("Sudoku-4x4-v0")
     _, state = reset(jax.random.split(jax.random.key(3), BATCH), params)
