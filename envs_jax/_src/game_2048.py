@@ -69,13 +69,20 @@ class Game2048State:
 
 
 def _compact_left(rows: jax.Array) -> jax.Array:
-  """The non-zero entries of each row moved to its front, order kept: int32 [..., n]."""
+  """The non-zero entries of each row moved to its front, order kept: int32 [..., n].
+
+  Unrolled over the static row length (elementwise selects only: no running
+  sum, gather or scatter, which XLA:CPU runs several times slower).
+  """
   n = rows.shape[-1]
-  keep = rows != 0
-  pos = jnp.cumsum(keep, axis=-1) - 1
-  slots = jnp.arange(n).reshape((1,) * rows.ndim + (n,))
-  to = (pos[..., :, None] == slots) & keep[..., :, None]  # [..., from, to]
-  return jnp.sum(jnp.where(to, rows[..., :, None], 0), axis=-2)
+  out = [jnp.zeros_like(rows[..., 0]) for _ in range(n)]
+  before = jnp.zeros_like(rows[..., 0])  # tiles left of cell i
+  for i in range(n):
+    tile = rows[..., i]
+    for j in range(i + 1):  # tile i lands on cell ``before``; an empty one adds 0
+      out[j] = out[j] + jnp.where(before == j, tile, 0)
+    before = before + (tile != 0)
+  return jnp.stack(out, axis=-1)
 
 
 def slide_left(rows: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -104,25 +111,25 @@ def slide_left(rows: jax.Array) -> tuple[jax.Array, jax.Array]:
   return _compact_left(merged), jnp.sum(jnp.where(first, 2 * c, 0), axis=-1)
 
 
-def _turn_indices(n: int) -> tuple[np.ndarray, np.ndarray]:
-  """Each move as the left move of turned rows: flat gather indices and their inverses.
+def _turns(board: jax.Array) -> tuple[jax.Array, ...]:
+  """Each move as the left move of turned rows: ``board`` turned for Up, Right, Down, Left.
 
-  Returns:
-    ``(turn, back)``: int32 [4, n * n] each. Row-major, ``board.ravel()[turn[a]]``
-    holds the rows that move ``a`` slides left (Up: the columns top first;
-    Right: the rows reversed; Down: the columns bottom first; Left: the rows),
-    and ``rows.ravel()[back[a]]`` turns them back.
+  Up: the columns top first; Right: the rows reversed; Down: the columns
+  bottom first; Left: the rows.
   """
-  cells = np.arange(n * n).reshape(n, n)
-  turn = np.stack([cells.T, cells[:, ::-1], cells[::-1].T, cells]).reshape(4, -1)
-  return turn.astype(np.int32), np.argsort(turn, axis=1).astype(np.int32)
+  return board.T, board[:, ::-1], board[::-1].T, board
+
+
+def _turns_back(rows: jax.Array) -> tuple[jax.Array, ...]:
+  """The inverses of :func:`_turns`, in the same order."""
+  return rows.T, rows[:, ::-1], rows.T[::-1], rows
 
 
 def move(board: jax.Array, action: jax.Array) -> tuple[jax.Array, jax.Array]:
   """One move of ``board`` without the spawn.
 
-  Only the chosen direction is slid: the board is turned by a gather so that
-  the move is a left move, slid, and turned back.
+  Only the chosen direction is slid: the board is turned (a select among its
+  four static turns) so that the move is a left move, slid, and turned back.
 
   Args:
     board: int32 [n, n] tile values.
@@ -133,10 +140,10 @@ def move(board: jax.Array, action: jax.Array) -> tuple[jax.Array, jax.Array]:
     scalar its merged value. The move is valid (RAGEN's valid action) iff
     the board changed.
   """
-  n = board.shape[-1]
-  turn, back = (jnp.asarray(t) for t in _turn_indices(n))
-  slid, merged = slide_left(board.reshape(-1)[turn[action]].reshape(n, n))
-  return slid.reshape(-1)[back[action]].reshape(n, n), jnp.sum(merged)
+  action = jnp.asarray(action, jnp.int32)
+  action = jnp.clip(jnp.where(action < 0, action + 4, action), 0, 3)  # as indexing: -1 is Left
+  slid, merged = slide_left(jax.lax.select_n(action, *_turns(board)))
+  return jax.lax.select_n(action, *_turns_back(slid)), jnp.sum(merged)
 
 
 def valid_moves(board: jax.Array) -> jax.Array:
@@ -148,8 +155,7 @@ def valid_moves(board: jax.Array) -> jax.Array:
   Args:
     board: int32 [n, n] tile values.
   """
-  n = board.shape[-1]
-  rows = board.reshape(-1)[jnp.asarray(_turn_indices(n)[0])].reshape(4, n, n)
+  rows = jnp.stack(_turns(board))
   left, right = rows[..., :-1], rows[..., 1:]
   return jnp.any(((left == 0) & (right != 0)) | ((left == right) & (left != 0)), axis=(1, 2))
 
@@ -197,10 +203,13 @@ def spawn_tile(u: jax.Array, board: jax.Array, two_prob: jax.Array) -> jax.Array
     int32 [n, n]; a full board unchanged.
   """
   empty = (board == 0).reshape(-1)
-  cell = jnp.argmax(jnp.where(empty, u[:-1], -1.0))
+  draws = jnp.where(empty, u[:-1], -1.0)
+  cells = jnp.arange(draws.shape[0])
+  # argmax (the first largest draw) as a max and a min: XLA:CPU's argmax is slow.
+  cell = jnp.min(jnp.where(draws == jnp.max(draws), cells, draws.shape[0]))
   value = jnp.where(u[-1] < two_prob, 2, 4).astype(board.dtype)
   flat = board.reshape(-1)
-  return jnp.where(jnp.any(empty), flat.at[cell].set(value), flat).reshape(board.shape)
+  return jnp.where(jnp.any(empty) & (cells == cell), value, flat).reshape(board.shape)
 
 
 # ------------------------------------------------------------------ rendering
