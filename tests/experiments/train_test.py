@@ -184,8 +184,8 @@ class CurvePanelsTest(absltest.TestCase):
     # RAGEN-2's reply entropy with the policy entropy; I(X;Z) against its bound.
     self.assertEqual(keys[titles[4]], [("actor/entropy",), ("collapse/reply_entropy",)])
     self.assertEqual(keys[titles[5]], [("collapse/mutual_info",)])
-    # One update a step: the max grad norm is the mean, so not drawn.
-    self.assertEqual(keys[titles[6]], [("train/grad_norm",)])
+    # Two updates a step (rl.num_minibatches=2): the mean and the max grad norm.
+    self.assertEqual(keys[titles[6]], [("train/grad_norm",), ("train/grad_norm_max",)])
     by_title = {p.title: p for p in drawn}
     self.assertEqual(by_title[titles[0]].baseline, 0.359)  # the SFT record's
     self.assertEqual(by_title[titles[1]].baseline, 0.361)
@@ -208,17 +208,17 @@ class CurvePanelsTest(absltest.TestCase):
     self.assertEqual(by_title[titles[4]].series[1].label,
                      "reply entropy H(Z|X), every 25 steps")
 
-  def test_missing_collapse_keys_and_several_updates(self):
+  def test_missing_collapse_keys_and_one_update(self):
     config = tiny.get_config()
-    config.rl.num_minibatches = 2
+    config.rl.num_minibatches = 1
     drawn = self._draw(config, _main_job_records(collapse=False))
     titles = [p.title for p in drawn]
     self.assertNotIn("Mutual information I(X;Z), prompt vs reply (nats/token)", titles)
     self.assertEqual(titles[4], "Policy entropy (nats/token)")
     self.assertEqual([s.keys for s in drawn[4].series], [("actor/entropy",)])
     self.assertEqual(titles[5], "Grad norm (L2, before clipping)")
-    self.assertEqual([s.keys for s in drawn[5].series],
-                     [("train/grad_norm",), ("train/grad_norm_max",)])
+    # One update a step: the max grad norm is the mean, so not drawn.
+    self.assertEqual([s.keys for s in drawn[5].series], [("train/grad_norm",)])
 
   def test_curve_keys_are_the_keys_drawn(self):
     config = tiny.get_config()
