@@ -30,14 +30,10 @@ model's logits exactly unchanged. ``A = lora_A.weight.T`` and
 ``B = lora_B.weight.T`` in PEFT's names (reshaped to our head axes).
 
 Rollouts sample with the adapters merged once per ``generate`` call
-(``SamplingConfig.merge_lora``, the default): on XLA:CPU (2 shared cores,
-batch 64, 48 prompt + 64 new tokens, rank 16 all-linear, median of 5 calls)
-decoding with the adapters applied at every step took 1092 ms (``micro``)
-and 2810 ms (``tiny``) per call, merged 406 and 1751 ms, the base alone 827
-and 2552 ms (a loaded machine, so only the order is firm: unmerged was the
-slowest in both). Merged and unmerged sampling gave the same tokens. Merging
-costs a merged copy of the adapted weights while sampling;
-``merge_lora=False`` avoids it. :func:`merge_lora` also gives the merged
+(``SamplingConfig.merge_lora``, the default): on XLA:CPU that was faster
+than applying them at every decode step (docs/scaling.md), and both sample
+the same tokens. Merging costs a merged copy of the adapted weights while
+sampling; ``merge_lora=False`` avoids it. :func:`merge_lora` also gives the merged
 ``Params`` for export.
 
 Projection names: ``q, k, v, o`` (attention), ``gate, up, down`` (SwiGLU
