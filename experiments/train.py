@@ -302,6 +302,51 @@ def _postfix(m: dict, skipped: int, mutual_info: float | None) -> dict:
   return out
 
 
+# Config fields a resumed run may change: how long it trains and how it
+# checkpoints and reports, not what it trains.
+RESUMABLE_CHANGES = ("rl.steps", "checkpoint.every", "checkpoint.keep", "eval.every",
+                     "eval.samples")
+
+
+def _flat(tree, prefix=""):
+  if not isinstance(tree, dict):
+    return {prefix: tree}
+  out = {}
+  for k, v in tree.items():
+    out.update(_flat(v, f"{prefix}.{k}" if prefix else k))
+  return out
+
+
+def check_resumable(config, workdir: str) -> None:
+  """Refuses to resume ``workdir``'s checkpoints under another config.
+
+  A checkpoint is resumed only by the config that wrote it (its
+  ``config.json``), up to :data:`RESUMABLE_CHANGES`; otherwise a changed
+  default or flag would silently continue (or, when finished, re-report) the
+  old run. A workdir without ``config.json`` (written before it existed) is
+  not checked.
+
+  Raises:
+    ConfigError: (a ValueError) naming the differing fields (old -> new, at
+      most 8) and what to do, before anything is restored.
+  """
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    old = _flat(json.load(f))
+  new = _flat(json.loads(config.to_json_best_effort()))
+  diffs = [k for k in sorted(set(old) | set(new))
+           if old.get(k) != new.get(k) and k not in RESUMABLE_CHANGES]
+  if diffs:
+    shown = ", ".join(f"config.{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diffs[:8])
+    more = f" and {len(diffs) - 8} more" if len(diffs) > 8 else ""
+    raise common.ConfigError(
+        f"--workdir={workdir} holds checkpoints of another config ({shown}{more}); a run "
+        f"resumes only under the config that wrote it (up to {', '.join(RESUMABLE_CHANGES)}). "
+        "Pass a new --workdir, or delete that one to start over.")
+
+
 def run(config, workdir: str, *, progress: bool = True) -> dict:
   """Runs SFT, RL and evaluation (resuming from ``workdir``); returns the summary.
 
@@ -320,17 +365,21 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   summary, evaluates nothing again and writes each record once.
 
   Raises:
-    ValueError: a bad config (naming the field), before anything compiles.
+    ValueError: a bad config (naming the field), or a ``workdir`` holding
+      checkpoints of another config (:func:`check_resumable`), before
+      anything compiles.
   """
   from jagent import train  # pylint: disable=g-import-not-at-top
   t_start = time.time()
   exp = common.Experiment(config)  # validates the whole config first
   primary = exp.is_primary
   os.makedirs(workdir, exist_ok=True)
-  if primary:
-    train.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
   ckpt = exp.checkpointer(workdir)
   last = ckpt.latest_step()
+  if last is not None:
+    check_resumable(config, workdir)
+  if primary:
+    train.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
   # Without a checkpoint the run starts over: drop every record of an attempt
   # that died before checkpoint 0 (its SFT records, steps -sft.steps+1..0).
   resume_step = last if last is not None else -config.sft.steps - 1

@@ -343,6 +343,28 @@ class TrainTest(absltest.TestCase):
     shutil.rmtree(cls.root, ignore_errors=True)
     super().tearDownClass()
 
+  def test_resume_under_another_config_is_refused(self):
+    # The finished run's checkpoints resume only under its own config (up to
+    # train_job.RESUMABLE_CHANGES): a changed field is named, nothing is
+    # restored and config.json is left as it was.
+    with open(os.path.join(self.workdir, "config.json")) as f:
+      before = f.read()
+    other = self.config.copy_and_resolve_references()
+    other.rollout.temperature = 0.7
+    other.rl.learning_rate = 3e-3
+    with mock.patch.object(common.Experiment, "rl_state_target") as target:
+      with self.assertRaisesRegex(
+          ValueError, r"--workdir=.* holds checkpoints of another config \(config\.rl\."
+          r"learning_rate: .* -> 0\.003, config\.rollout\.temperature: 1\.0 -> 0\.7\); "):
+        train_job.run(other, self.workdir, progress=False)
+    target.assert_not_called()
+    with open(os.path.join(self.workdir, "config.json")) as f:
+      self.assertEqual(f.read(), before)
+    longer = self.config.copy_and_resolve_references()
+    longer.rl.steps += 4  # training longer is a resume
+    longer.checkpoint.keep = 7
+    train_job.check_resumable(longer, self.workdir)
+
   # ------------------------------------------------------------ learning
   def test_bandit_learns_the_high_arm(self):
     s = self.summary
