@@ -323,8 +323,8 @@ def check_resumable(config, workdir: str) -> None:
   A checkpoint is resumed only by the config that wrote it (its
   ``config.json``), up to :data:`RESUMABLE_CHANGES`; otherwise a changed
   default or flag would silently continue (or, when finished, re-report) the
-  old run. A workdir without ``config.json`` (written before it existed) is
-  not checked.
+  old run. Fields that only one of the two configs has (added or removed
+  since) are not compared; a workdir without ``config.json`` is not checked.
 
   Raises:
     ConfigError: (a ValueError) naming the differing fields (old -> new, at
@@ -336,10 +336,11 @@ def check_resumable(config, workdir: str) -> None:
   with open(path) as f:
     old = _flat(json.load(f))
   new = _flat(json.loads(config.to_json_best_effort()))
-  diffs = [k for k in sorted(set(old) | set(new))
-           if old.get(k) != new.get(k) and k not in RESUMABLE_CHANGES]
+  # Fields one side lacks (added or removed since) are not compared.
+  diffs = [k for k in sorted(set(old) & set(new))
+           if old[k] != new[k] and k not in RESUMABLE_CHANGES]
   if diffs:
-    shown = ", ".join(f"config.{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diffs[:8])
+    shown = ", ".join(f"config.{k}: {old[k]!r} -> {new[k]!r}" for k in diffs[:8])
     more = f" and {len(diffs) - 8} more" if len(diffs) > 8 else ""
     raise common.ConfigError(
         f"--workdir={workdir} holds checkpoints of another config ({shown}{more}); a run "

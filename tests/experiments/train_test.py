@@ -363,6 +363,7 @@ class TrainTest(absltest.TestCase):
     longer = self.config.copy_and_resolve_references()
     longer.rl.steps += 4  # training longer is a resume
     longer.checkpoint.keep = 7
+    longer.lora.a_field_added_later = 1  # not in the saved config.json: not compared
     train_job.check_resumable(longer, self.workdir)
 
   # ------------------------------------------------------------ learning
