@@ -155,7 +155,8 @@ class SweepTest(absltest.TestCase):
     with open(os.path.join(self.root, "sweep_summary.json")) as f:
       written = json.load(f)
     self.assertEqual(written, {k: v for k, v in self.summary.items()
-                               if k not in ("params", "sft_params")})
+                               if k not in ("params", "sft_params", "frozen")})
+    self.assertEqual((self.summary["frozen"], written["shared_base"]), ([], False))  # no LoRA
     self.assertEqual((written["env"], written["algorithm"], written["field"],
                       written["batching"]), ("Bandit-v0", "starpo_s", None, "map"))
     (group,) = written["groups"]
