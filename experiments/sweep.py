@@ -412,8 +412,9 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   frozen = []  # the runs' one shared copy of their LoRA bases ([]: none shared)
   if sft_params is not None:
     params = sft_params
+    # An earlier shared-base sweep's adapters (no base): load their base once.
     lora = lambda x: isinstance(x, models.LoraParams)  # noqa: E731
-    if any(x.base is None for x in jax.tree.leaves(params, is_leaf=lora) if lora(x)):  # an earlier sweep's adapters: load their base once
+    if any(x.base is None for x in jax.tree.leaves(params, is_leaf=lora) if lora(x)):
       frozen = models.split_frozen(exp.init_params())[1]
   else:
     initial = _initial_params(exps)
