@@ -811,6 +811,9 @@ def validate(config, num_devices: int | None = None) -> None:
   # config.sft.expert is make_expert's policy (absent in runs saved before it).
   if config.sft.get("expert", "solver") not in rollout.EXPERT_POLICIES:
     raise _bad("sft.expert", config.sft.expert, f"unknown; known: {rollout.EXPERT_POLICIES}")
+  max_nodes = config.sft.get("expert_max_nodes", 1_000_000)
+  if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
+    raise _bad("sft.expert_max_nodes", max_nodes, "must be an int >= 1")
   if config.sft.steps:
     sft_optimizer(config)
   # SFT rows are episodes in the full history, turns in a bounded window (at
@@ -1065,7 +1068,8 @@ class Experiment:
     c = self.config
     expert = rollout.make_expert(
         self.env, think=self.prompt.think, actions_per_turn=c.sft.actions_per_turn,
-        policy=c.sft.get("expert", "solver"), seed=c.seed)
+        policy=c.sft.get("expert", "solver"), seed=c.seed,
+        max_nodes=c.sft.get("expert_max_nodes", 1_000_000))
     rc = rollout.RolloutConfig(
         num_groups=c.sft.num_demos, group_size=1, max_turns=self.rollout_config.max_turns,
         max_tokens_per_turn=self.rollout_config.max_tokens_per_turn,

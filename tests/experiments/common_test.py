@@ -349,6 +349,21 @@ class DemonstrationsTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, r"^config\.sft\.batch_size=16: is larger than the 3 "):
       exp.sft_batch_indices(np.arange(valid.size) < 3)
 
+  def test_expert_node_cap(self):
+    def demos(max_nodes):
+      c = tiny.get_config("Sokoban-6x6-1box-v0,starpo_s")
+      c.sft.update(dict(num_demos=8, batch_size=8, steps=3, expert_max_nodes=max_nodes))
+      return common.Experiment(c).demonstrations()
+
+    # A cap of 1 state leaves the solver without a solution, so the expert
+    # replies its arbitrary first move ("Up") every turn: it solves only a level
+    # whose solution is all Up moves.
+    capped, full = demos(1), demos(1_000_000)
+    self.assertLess(int(np.sum(capped.success)), int(np.sum(full.success)))
+    self.assertGreaterEqual(int(np.sum(full.success)), 4)
+    with self.assertRaisesRegex(ValueError, r"^config\.sft\.expert_max_nodes=0: "):
+      demos(0)
+
 
 if __name__ == "__main__":
   absltest.main()
