@@ -42,6 +42,7 @@ from envs_jax._src.sokoban import levels_from_ascii as sokoban_levels_from_ascii
 from envs_jax._src.sokoban import Sokoban
 from envs_jax._src.sokoban import SokobanParams
 from envs_jax._src.sokoban import SokobanState
+from envs_jax._src.sokoban_solver import PlanCache
 from envs_jax._src.sokoban_solver import solve_sokoban
 from envs_jax._src.sokoban_solver import solve_sokoban_batch
 from envs_jax._src.sokoban_solver import SokobanSolution
@@ -98,6 +99,7 @@ __all__ = (
     "SokobanSolution",
     "SokobanState",
     "sokoban_levels_from_ascii",
+    "PlanCache",
     "solve_sokoban",
     "solve_sokoban_batch",
     "solve_sudoku",

@@ -1069,7 +1069,8 @@ class Experiment:
     expert = rollout.make_expert(
         self.env, think=self.prompt.think, actions_per_turn=c.sft.actions_per_turn,
         policy=c.sft.get("expert", "solver"), seed=c.seed,
-        max_nodes=c.sft.get("expert_max_nodes", 1_000_000))
+        max_nodes=c.sft.get("expert_max_nodes", 1_000_000),
+        reuse_plans=c.sft.get("expert_reuse_plans", False))
     rc = rollout.RolloutConfig(
         num_groups=c.sft.num_demos, group_size=1, max_turns=self.rollout_config.max_turns,
         max_tokens_per_turn=self.rollout_config.max_tokens_per_turn,

@@ -315,6 +315,7 @@ _SURFACES["envs_jax"] = [
     "FrozenLakeParams",
     "FrozenLakeState",
     "PAD_SYMBOL",
+    "PlanCache",
     "Sokoban",
     "SokobanGenerationInfo",
     "SokobanGeneratorConfig",

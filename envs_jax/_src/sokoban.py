@@ -69,6 +69,9 @@ _FLOOR_MASKS = (
 
 MAX_STEPS = 100  # RAGEN's SokobanEnvConfig.max_steps.
 
+# The expert's plans across calls (expert_answers(reuse_plans=True)).
+_EXPERT_PLANS = sokoban_solver.PlanCache()
+
 # ASCII of Boxoban / XSokoban level text.
 _ASCII = {
     ord("#"): (WALL, False, False),
@@ -767,7 +770,7 @@ class Sokoban(environment.Environment[SokobanState, SokobanParams]):
             f"{environment.actions_sentence(self.action_names)}")
 
   def expert_answers(self, states, params, *, actions_per_turn=1, max_nodes=1_000_000,
-                     **options):
+                     reuse_plans=False, **options):
     """The first moves of a fewest-moves solution of each state (host side).
 
     States of one shape and box count are solved together by
@@ -780,6 +783,9 @@ class Sokoban(environment.Environment[SokobanState, SokobanParams]):
       params: their params (unused: moves do not depend on rewards).
       actions_per_turn: moves per answer.
       max_nodes: the per-level BFS node cap.
+      reuse_plans: answer from plans found on earlier turns when the state
+        lies on one (:class:`envs_jax.PlanCache`: one search an episode, not
+        one a turn; ties between equally short plans may break differently).
       **options: other games' solver settings (ignored).
 
     Returns:
@@ -791,7 +797,8 @@ class Sokoban(environment.Environment[SokobanState, SokobanParams]):
     for i, s in enumerate(states):
       groups.setdefault((np.shape(s.fixed), int(np.sum(s.boxes))), []).append(i)
     for idx in groups.values():
-      sols = sokoban_solver.solve_sokoban_batch(
+      solve = _EXPERT_PLANS.solve if reuse_plans else sokoban_solver.solve_sokoban_batch
+      sols = solve(
           np.stack([states[i].fixed for i in idx]), np.stack([states[i].boxes for i in idx]),
           np.stack([states[i].player for i in idx]), max_nodes=max_nodes)
       for i, sol in zip(idx, sols):

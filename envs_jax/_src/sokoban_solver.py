@@ -309,3 +309,91 @@ def solve_sokoban(fixed, boxes, player, **kwargs) -> SokobanSolution:
   """
   return solve_sokoban_batch(np.asarray(fixed)[None], np.asarray(boxes)[None],
                              np.asarray(player)[None], **kwargs)[0]
+
+
+def apply_move(fixed: np.ndarray, boxes: np.ndarray, player: np.ndarray,
+               action: int) -> tuple[np.ndarray, np.ndarray]:
+  """One move on the host with :class:`~envs_jax.Sokoban`'s rules.
+
+  The player steps to a free cell or pushes one box into a free cell;
+  anything else (a wall, off the grid, two boxes in a row) leaves the state
+  as it is.
+
+  Args:
+    fixed: int [H, W] cell codes. boxes: bool [H, W]. player: int [2].
+    action: 0..3 (Up, Down, Left, Right).
+
+  Returns:
+    ``(boxes, player)`` after the move (new arrays).
+  """
+  h, w = fixed.shape
+  dr, dc = _DELTAS[action]
+  boxes, player = np.array(boxes, np.bool_), np.array(player, np.int64)
+
+  def free(r, c):
+    return 0 <= r < h and 0 <= c < w and fixed[r, c] != WALL and not boxes[r, c]
+
+  r, c = int(player[0]) + dr, int(player[1]) + dc
+  if 0 <= r < h and 0 <= c < w and boxes[r, c] and free(r + dr, c + dc):
+    boxes[r, c], boxes[r + dr, c + dc] = False, True
+  elif not free(r, c):
+    return boxes, player
+  player[:] = (r, c)
+  return boxes, player
+
+
+class PlanCache:
+  """Fewest-moves plans by state, stored for every state along each plan found.
+
+  A suffix of a shortest plan is a shortest plan from the state it starts in,
+  so an expert that follows its own plan needs one search per episode instead
+  of one per turn (a 10x10 Boxoban level takes up to ~5M BFS states a search
+  and ~30 moves). A plan read from the cache may break ties between equally
+  short plans differently from a fresh search. Searches that found no plan are
+  cached per ``max_nodes``. Host-side and not thread-safe.
+
+  Args:
+    max_states: entries kept before the cache is cleared (bounds memory).
+  """
+
+  def __init__(self, max_states: int = 1_000_000):
+    self.max_states = max_states
+    self._plans: dict[bytes, tuple[int, ...]] = {}
+    self._failed: dict[tuple[bytes, int], SokobanSolution] = {}
+
+  @staticmethod
+  def _key(fixed, boxes, player) -> bytes:
+    return (np.asarray(fixed.shape, np.int64).tobytes() + np.asarray(fixed, np.int8).tobytes()
+            + np.asarray(boxes, np.bool_).tobytes() + np.asarray(player, np.int64).tobytes())
+
+  def solve(self, fixed: np.ndarray, boxes: np.ndarray, player: np.ndarray, *,
+            max_nodes: int = 1_000_000) -> list[SokobanSolution]:
+    """:func:`solve_sokoban_batch` of the levels the cache cannot answer.
+
+    Args and errors as :func:`solve_sokoban_batch` (``fixed`` [N, H, W],
+    ``boxes`` [N, H, W], ``player`` [N, 2]); a cached answer reports
+    ``nodes=0``.
+
+    Returns:
+      One :class:`SokobanSolution` per level, in order.
+    """
+    fixed, boxes, player = np.asarray(fixed), np.asarray(boxes, np.bool_), np.asarray(player)
+    if len(self._plans) + len(self._failed) > self.max_states:
+      self._plans.clear()
+      self._failed.clear()
+    keys = [self._key(f, b, p) for f, b, p in zip(fixed, boxes, player)]
+    miss = [i for i, k in enumerate(keys)
+            if k not in self._plans and (k, max_nodes) not in self._failed]
+    if miss:
+      for i, sol in zip(miss, solve_sokoban_batch(fixed[miss], boxes[miss], player[miss],
+                                                  max_nodes=max_nodes)):
+        if not sol.solved:
+          self._failed[(keys[i], max_nodes)] = sol
+          continue
+        b, p = boxes[i], player[i]
+        for t in range(len(sol.actions)):
+          self._plans[self._key(fixed[i], b, p)] = sol.actions[t:]
+          b, p = apply_move(fixed[i], b, p, sol.actions[t])
+        self._plans[self._key(fixed[i], b, p)] = ()
+    return [SokobanSolution(SOLVED, self._plans[k], 0) if k in self._plans
+            else self._failed[(k, max_nodes)] for k in keys]

@@ -92,7 +92,8 @@ class _GameExpert:
 def make_expert(env, *, think: bool, actions_per_turn: int = 1,
                 think_text: str | None = None, max_nodes: int = 1_000_000,
                 frozen_lake_policy: str = "shortest", gamma: float = 0.9,
-                policy: str = "solver", seed: int = 0) -> _host.Expert:
+                policy: str = "solver", seed: int = 0,
+                reuse_plans: bool = False) -> _host.Expert:
   """The scripted :class:`Expert` of a game (see the module docstring).
 
   Args:
@@ -122,6 +123,9 @@ def make_expert(env, *, think: bool, actions_per_turn: int = 1,
       Countdown: the numbers shuffled, joined by random ``+``/``-``), i.e.
       demonstrations of the reply format only.
     seed: seed of the ``"random"`` policy's numpy generator.
+    reuse_plans: Sokoban: follow the plan of an earlier turn's search while
+      the state lies on it (``envs_jax.PlanCache``; one search an episode
+      instead of one a turn; equally short, ties may differ).
 
   Returns:
     An :class:`Expert`: ``expert(rows, envs, states) -> list[str]``.
@@ -159,7 +163,7 @@ def make_expert(env, *, think: bool, actions_per_turn: int = 1,
   return _GameExpert(
       env=env, think=think, think_text=text, actions_per_turn=actions_per_turn,
       options=dict(max_nodes=max_nodes, frozen_lake_policy=frozen_lake_policy,
-                   gamma=float(gamma)),
+                   gamma=float(gamma), reuse_plans=bool(reuse_plans)),
       rng=np.random.default_rng(seed) if policy == "random" else None)
 
 

@@ -240,6 +240,38 @@ class SolverTest(parameterized.TestCase):
     self.assertEqual(sol.status, "capped")
     self.assertBetween(sol.nodes, 2001, 2000 * 5)
 
+  def test_plan_cache_follows_optimal_plans(self):
+    _, levels, _ = generated("Sokoban-8x8-2box-v0")
+    fixed, boxes, player = (np.asarray(x[:40]) for x in (levels.fixed, levels.boxes,
+                                                         levels.player))
+    cache = sokoban_solver.PlanCache()
+    first = cache.solve(fixed, boxes, player)
+    fresh = sokoban_solver.solve_sokoban_batch(fixed, boxes, player)
+    self.assertEqual([s.status for s in first], [s.status for s in fresh])
+    self.assertEqual([s.actions for s in first], [s.actions for s in fresh])
+    for i, sol in enumerate(fresh):
+      if not sol.solved or len(sol.actions) < 2:
+        continue
+      # Two moves along the plan: the cache answers without a search (nodes
+      # 0), with a plan as short as a fresh search's, that solves the level.
+      b, p = boxes[i], player[i]
+      for a in sol.actions[:2]:
+        b, p = sokoban_solver.apply_move(fixed[i], b, p, a)
+      cached = cache.solve(fixed[i][None], b[None], p[None])[0]
+      searched = sokoban_solver.solve_sokoban(fixed[i], b, p)
+      self.assertEqual((cached.status, cached.nodes), ("solved", 0))
+      self.assertLen(cached.actions, searched.length)
+      for a in cached.actions:
+        b, p = sokoban_solver.apply_move(fixed[i], b, p, a)
+      np.testing.assert_array_equal(b, b & (fixed[i] == sokoban.TARGET))
+    # A failed search is cached per node cap; clearing bounds the memory.
+    level = _level("#####", "#@ .#", "#  $#", "#####")
+    small = sokoban_solver.PlanCache(max_states=1)
+    for _ in range(2):
+      (sol,) = small.solve(*(x[None] for x in level))
+      self.assertEqual(sol.status, "unsolvable")
+    self.assertLessEqual(len(small._plans) + len(small._failed), 2)  # pylint: disable=protected-access
+
   def test_errors(self):
     fixed, boxes, player = _level("#####", "#@$.#", "#####")
     with self.assertRaisesRegex(ValueError, "need fixed"):

@@ -490,7 +490,10 @@ class PropertyTest(absltest.TestCase):
     n_boxes = boxes.sum()
     total = 0.0
     for t, a in enumerate(actions):
+      host = sokoban_solver.apply_move(fixed, boxes, player, int(a))
       boxes, player, r, solved, moved = reference_step(fixed, boxes, player, int(a))
+      np.testing.assert_array_equal(host[0], boxes)
+      np.testing.assert_array_equal(host[1], player)
       np.testing.assert_array_equal(states.boxes[t], boxes)
       np.testing.assert_array_equal(states.player[t], player)
       self.assertAlmostEqual(float(rewards[t]), r, places=5)

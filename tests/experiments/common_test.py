@@ -349,16 +349,22 @@ class DemonstrationsTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, r"^config\.sft\.batch_size=16: is larger than the 3 "):
       exp.sft_batch_indices(np.arange(valid.size) < 3)
 
-  def test_expert_node_cap(self):
-    def demos(max_nodes):
+  def test_expert_node_cap_and_plan_reuse(self):
+    def demos(max_nodes, reuse=False):
       c = tiny.get_config("Sokoban-6x6-1box-v0,starpo_s")
-      c.sft.update(dict(num_demos=8, batch_size=8, steps=3, expert_max_nodes=max_nodes))
+      c.sft.update(dict(num_demos=8, batch_size=8, steps=3, expert_max_nodes=max_nodes,
+                        expert_reuse_plans=reuse))
       return common.Experiment(c).demonstrations()
+
+    # Following the first search's plan plays equally short episodes.
+    reused, full = demos(1_000_000, reuse=True), demos(1_000_000)
+    np.testing.assert_array_equal(reused.success, full.success)
+    np.testing.assert_array_equal(reused.num_turns, full.num_turns)
 
     # A cap of 1 state leaves the solver without a solution, so the expert
     # replies its arbitrary first move ("Up") every turn: it solves only a level
     # whose solution is all Up moves.
-    capped, full = demos(1), demos(1_000_000)
+    capped = demos(1)
     self.assertLess(int(np.sum(capped.success)), int(np.sum(full.success)))
     self.assertGreaterEqual(int(np.sum(full.success)), 4)
     with self.assertRaisesRegex(ValueError, r"^config\.sft\.expert_max_nodes=0: "):
