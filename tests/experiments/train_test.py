@@ -161,6 +161,7 @@ class CurvePanelsTest(absltest.TestCase):
 
   def test_key_panels_first_against_the_sft_baseline(self):
     config = tiny.get_config()
+    config.rl.steps = 500  # as _main_job_records
     if "diagnostics" in config:  # RAGEN-2's collapse diagnostics every 25 steps
       config.diagnostics.every = 25
     else:
