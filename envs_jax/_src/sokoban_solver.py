@@ -325,7 +325,12 @@ def apply_move(fixed: np.ndarray, boxes: np.ndarray, player: np.ndarray,
 
   Returns:
     ``(boxes, player)`` after the move (new arrays).
+
+  Raises:
+    ValueError: an action outside 0..3.
   """
+  if isinstance(action, bool) or action not in range(4):
+    raise ValueError(f"apply_move: action must be 0..3 (Up, Down, Left, Right), got {action!r}")
   h, w = fixed.shape
   dr, dc = _DELTAS[action]
   boxes, player = np.array(boxes, np.bool_), np.array(player, np.int64)
@@ -354,9 +359,14 @@ class PlanCache:
 
   Args:
     max_states: entries kept before the cache is cleared (bounds memory).
+
+  Raises:
+    ValueError: ``max_states`` not an int >= 1.
   """
 
   def __init__(self, max_states: int = 1_000_000):
+    if isinstance(max_states, bool) or not isinstance(max_states, int) or max_states < 1:
+      raise ValueError(f"PlanCache: max_states must be an int >= 1, got {max_states!r}")
     self.max_states = max_states
     self._plans: dict[bytes, tuple[int, ...]] = {}
     self._failed: dict[tuple[bytes, int], SokobanSolution] = {}

@@ -271,6 +271,10 @@ class SolverTest(parameterized.TestCase):
       (sol,) = small.solve(*(x[None] for x in level))
       self.assertEqual(sol.status, "unsolvable")
     self.assertLessEqual(len(small._plans) + len(small._failed), 2)  # pylint: disable=protected-access
+    with self.assertRaisesRegex(ValueError, "max_states must be an int >= 1, got 0"):
+      sokoban_solver.PlanCache(max_states=0)
+    with self.assertRaisesRegex(ValueError, "action must be 0..3.*got -1"):
+      sokoban_solver.apply_move(*level, -1)
 
   def test_errors(self):
     fixed, boxes, player = _level("#####", "#@$.#", "#####")
