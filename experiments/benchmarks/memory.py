@@ -3,7 +3,7 @@ r"""Per-device memory of a run config on device meshes: persistent state + tempo
     python -m experiments.benchmarks.memory \
         --config=experiments/configs/ragen.py:Sokoban-6x6-1box-v0,starpo_s \
         --config.tokenizer=tiny --config.prompt.chat_template=chatml \
-        [--meshes='data:1;data:8;fsdp:8'] [--layers=1,2] \
+        [--meshes='data:1;data:8;fsdp:8'] [--layers=2] \
         [--config.remat=False] [--config.rl.num_microbatches=1]
 
 ``--meshes`` is a ``;``-separated list of ``jagent.sharding.make_mesh`` specs
@@ -12,8 +12,8 @@ r"""Per-device memory of a run config on device meshes: persistent state + tempo
 uses the first ``data x fsdp x tensor`` devices (a ``-1`` size: all of
 them). On CPU the devices are fake (``XLA_FLAGS=
 --xla_force_host_platform_device_count=8``, set here when absent). The
-defaults (the RAGEN StarPO-S config, ``data:1;data:8;fsdp:8``, layers 1 and
-2) give the per-device memory table of docs/scaling.md.
+defaults (the RAGEN StarPO-S config, ``data:1;data:8;fsdp:8``, the model's
+own depth) give the per-device memory table of docs/scaling.md.
 
 For every mesh (``experiments.common.Experiment`` with ``config.mesh``, so
 ``rl.num_microbatches=-1`` resolves to one row per device and
@@ -33,11 +33,14 @@ For every mesh (``experiments.common.Experiment`` with ``config.mesh``, so
    ``jagent.sharding.shard_train_step``) on the kept rows (``num_keep x
    group_size`` rows of the context length). Both are jitted with explicit
    shardings and compiled from abstract inputs (``jax.ShapeDtypeStruct`` with
-   shardings): nothing is allocated. They are compiled at each of
-   ``--layers`` (two layer counts ``a < b``) and extrapolated linearly to the
-   config's ``L`` layers, ``t(L) = t(a) + (L - a) (t(b) - t(a)) / (b - a)``:
-   the layers are unrolled, so every layer adds the same buffers. An empty
-   ``--layers`` compiles at ``L`` itself (exact, slow for big models).
+   shardings): nothing is allocated. By default they are compiled at the
+   config's own ``L`` layers: the layers are one scanned block, so that
+   compiles about as fast as 2 layers. ``--layers=n`` compiles at ``n``
+   layers instead (e.g. to compare compile seconds with the full depth);
+   ``--layers=a,b`` compiles at both and extrapolates linearly to ``L``,
+   ``t(L) = t(a) + (L - a) (t(b) - t(a)) / (b - a)``, which assumes every
+   layer adds its own buffers: true of an unrolled model, not of a scanned
+   one, whose buffers are reused across layers.
 3. ``total``: state + the larger of the two temporaries (the two programs
    run one after the other in an RL iteration), and the compile seconds of
    the mesh's programs.
@@ -93,7 +96,7 @@ from jagent import train  # pylint: disable=g-import-not-at-top,wrong-import-pos
 DEFAULT_CONFIG = (str(pathlib.Path(__file__).parent.parent / "configs" / "ragen.py")
                   + ":Sokoban-6x6-1box-v0,starpo_s")
 DEFAULT_MESHES = "data:1;data:8;fsdp:8"
-DEFAULT_LAYERS = ("1", "2")
+DEFAULT_LAYERS = ()
 STATE_FIELDS = ("params", "opt_state", "critic_params", "critic_opt_state", "ref_params")
 COMPARE_MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")
 GiB = 2.0 ** 30
@@ -117,8 +120,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS,
                       "';'-separated make_mesh specs, e.g. 'data:1;data:8;data:2,fsdp:4'.",
                       flag_values=flag_values)
   flags.DEFINE_list("layers", list(DEFAULT_LAYERS),
-                    "Two layer counts a < b to compile at and extrapolate from; empty: "
-                    "compile at the config's own layer count.", flag_values=flag_values)
+                    "Empty (the default): compile at the config's own layer count; one "
+                    "count n: compile at n layers; two counts a < b: compile at both and "
+                    "extrapolate linearly to the config's count.", flag_values=flag_values)
   flags.DEFINE_bool("compare_lora", False,
                     "Compare the persistent state per device without and with LoRA "
                     "(--lora_rank, all-linear) for each --compare_models on each --meshes "
@@ -171,7 +175,7 @@ def parse_meshes(spec: str, available: int) -> list[tuple[str, int]]:
 
 
 def parse_layers(values) -> tuple[int, ...]:
-  """``--layers`` as ``()`` or two ints ``(a, b)`` with ``1 <= a < b``.
+  """``--layers`` as ``()``, one int ``(n,)`` with ``n >= 1`` or two ``(a, b)``, ``1 <= a < b``.
 
   Raises:
     ValueError: anything else.
@@ -180,9 +184,9 @@ def parse_layers(values) -> tuple[int, ...]:
     out = tuple(int(v) for v in values)
   except (TypeError, ValueError):
     raise ValueError(f"--layers={','.join(map(str, values))}: must be ints") from None
-  if out and (len(out) != 2 or not 1 <= out[0] < out[1]):
-    raise ValueError(f"--layers={','.join(map(str, values))}: must be empty or two layer "
-                     "counts a < b, each >= 1")
+  if len(out) > 2 or (out and out[0] < 1) or (len(out) == 2 and not out[0] < out[1]):
+    raise ValueError(f"--layers={','.join(map(str, values))}: must be empty, one layer "
+                     "count n >= 1, or two counts a < b, each >= 1")
   return out
 
 
@@ -400,12 +404,13 @@ def measure_mesh(config, spec: str, num_devices: int, layers: tuple[int, ...]
   programs = {}
   for name in ("rollout", "train"):
     measured = {n: at[n][name] for n in at}
-    if layers:
+    if len(layers) == 2:
       a, b = layers
       per_layer = (measured[b]["temp_bytes"] - measured[a]["temp_bytes"]) / (b - a)
       temp = measured[a]["temp_bytes"] + (num_layers - a) * per_layer
     else:
-      per_layer, temp = None, measured[num_layers]["temp_bytes"]
+      (n,) = layers or (num_layers,)
+      per_layer, temp = None, measured[n]["temp_bytes"]
     programs[name] = dict(
         temp_bytes=int(round(temp)), per_layer_bytes=per_layer,
         measured={str(n): m for n, m in measured.items()},
@@ -459,8 +464,10 @@ def _unit(res: dict[str, Any]) -> tuple[str, float]:
 
 def report(res: dict[str, Any]) -> None:
   """Prints a header line, the Markdown table and one JSON line."""
-  how = (f"extrapolated from {res['layers'][0]} and {res['layers'][1]} layers"
-         if res["layers"] else "compiled at full depth")
+  layers = res["layers"]
+  how = ("compiled at full depth" if not layers else
+         f"extrapolated from {layers[0]} and {layers[1]} layers" if len(layers) == 2 else
+         f"compiled at {layers[0]} layers (not the model's {res['num_layers']})")
   print(f"memory benchmark: {res['env']} {res['algorithm']}, model {res['model']} "
         f"({res['num_params']:,} parameters, {res['num_layers']} layers, remat "
         f"{'on' if res['remat'] else 'off'}), critic {res['critic']}, reference "
@@ -469,13 +476,13 @@ def report(res: dict[str, Any]) -> None:
         f"backend {res['backend']} ({res['device_kind']})")
   unit, size = _unit(res)
   print(f"| mesh | devices | micro-batches | state {unit} | rollout temp {unit} | "
-        f"train temp {unit} | total {unit} | compile s |")
-  print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        f"train temp {unit} | total {unit} | rollout compile s | train compile s |")
+  print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
   for r in res["rows"]:
     print(f"| {r['mesh']} | {r['devices']} | {r['num_microbatches']} | "
           f"{r['state']['total'] / size:,.2f} | {r['rollout']['temp_bytes'] / size:,.2f} | "
           f"{r['train']['temp_bytes'] / size:,.2f} | {r['total_bytes'] / size:,.2f} | "
-          f"{r['compile_seconds']:.1f} |")
+          f"{r['rollout']['compile_seconds']:.1f} | {r['train']['compile_seconds']:.1f} |")
   print(json.dumps(res, default=float))
 
 

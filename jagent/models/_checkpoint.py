@@ -24,6 +24,9 @@ Name table (Hugging Face ``Qwen2ForCausalLM`` / ``LlamaForCausalLM``, HF shape
 ``model.norm.weight``                           [D]         [D]
 ``lm_head.weight`` (untied only)                [V, D]      [D, V]
 ==============================================  ==========  ============
+
+Ours are per layer: layer i's tensors are entry ``[i]`` of the stacked
+``Params.layers`` fields (``layers.wq[i]`` is ``[D, H, Dh]``).
 """
 
 from __future__ import annotations
@@ -94,20 +97,39 @@ def _table(config: _config.ModelConfig) -> list[tuple[str, tuple[Any, ...], tupl
 
 
 def _get(tree, path):
+  """The leaf at ``path`` of ``Params`` (or a like-shaped tree of shardings).
+
+  ``("layers", i, name)`` is layer i of the stacked ``layers.name``;
+  ``("layers", name)`` the whole stack.
+  """
+  if path[0] == "layers" and len(path) == 3:
+    leaf = getattr(tree.layers, path[2])
+    return None if leaf is None else leaf[path[1]]
   for p in path:
-    tree = tree[p] if isinstance(p, int) else getattr(tree, p)
+    tree = getattr(tree, p)
   return tree
 
 
+def _layer_major(table):
+  """``_table``'s rows with each layer field's L rows together, in layer order.
+
+  The loader stacks a field once its L tensors are read, so reading field by
+  field holds one field's stack on the host at a time, not the whole model.
+  """
+  fields = {name: j for j, name in enumerate(_transformer.LAYER_FIELDS)}
+  def key(row):
+    ours = row[1]
+    if ours[0] == "layers":
+      return (1, fields[ours[2]], ours[1])
+    return (0 if ours[0] == "embed" else 2, 0, 0)
+  return sorted(table, key=key)
+
+
 def _build(config: _config.ModelConfig, leaves: dict[tuple[Any, ...], Any]) -> _transformer.Params:
-  """Assembles Params from {our path: array}."""
-  layers = []
-  for i in range(config.num_layers):
-    fields = {name: leaves.get(("layers", i, name)) for name in (
-        "attn_norm", "wq", "wk", "wv", "bq", "bk", "bv", "wo", "mlp_norm", "w_gate", "w_up",
-        "w_down")}
-    layers.append(_transformer.LayerParams(**fields))
-  return _transformer.Params(embed=leaves[("embed",)], layers=tuple(layers),
+  """Assembles Params from {our path: array} (layer fields as ``("layers", name)`` stacks)."""
+  layers = _transformer.LayerParams(**{name: leaves.get(("layers", name))
+                                       for name in _transformer.LAYER_FIELDS})
+  return _transformer.Params(embed=leaves[("embed",)], layers=layers,
                              final_norm=leaves[("final_norm",)],
                              lm_head=leaves.get(("lm_head",)))
 
@@ -186,8 +208,14 @@ def load_hf_checkpoint(
   dtype = config.jnp_param_dtype
   leaves: dict[tuple[Any, ...], Any] = {}
   handles: dict[str, Any] = {}
+  stack: list[np.ndarray] = []  # the layer field being read, one array a layer
+
+  def put(ours, arr):
+    target = None if shardings is None else _get(shardings, ours)
+    leaves[ours] = jax.device_put(arr, target) if target is not None else jax.numpy.asarray(arr)
+
   try:
-    for name, ours, hf_shape, to_ours, _ in table:
+    for name, ours, hf_shape, to_ours, _ in _layer_major(table):
       fn = files[name]
       if fn not in handles:
         handles[fn] = safe_open(fn, framework="numpy").__enter__()
@@ -196,8 +224,13 @@ def load_hf_checkpoint(
         raise ValueError(f"tensor {name!r} has shape {tuple(arr.shape)}, config expects "
                          f"{hf_shape}")
       arr = np.ascontiguousarray(to_ours(arr).astype(dtype))
-      target = None if shardings is None else _get(shardings, ours)
-      leaves[ours] = jax.device_put(arr, target) if target is not None else jax.numpy.asarray(arr)
+      if ours[0] != "layers":
+        put(ours, arr)
+        continue
+      stack.append(arr)
+      if len(stack) == config.num_layers:
+        put(("layers", ours[2]), np.stack(stack))
+        stack = []
   finally:
     for h in handles.values():
       h.__exit__(None, None, None)
@@ -321,12 +354,13 @@ def save_peft_adapter(params: _lora.LoraParams, config: _config.ModelConfig, pat
   lc = params.config
   shapes = _lora.adapter_shapes(config, lc.rank)
   tensors = {}
-  for i, layer in enumerate(params.adapters):
-    for name, pair in layer.items():
-      a, b = (np.asarray(jax.device_get(x), np.float32) for x in (pair.a, pair.b))
-      if (a.shape, b.shape) != shapes[name]:
-        raise ValueError(f"adapter {name!r} of layer {i} has shapes {a.shape}, {b.shape}; "
-                         f"config expects {shapes[name]}")
+  for name, pair in params.adapters.items():
+    a_all, b_all = (np.asarray(jax.device_get(x), np.float32) for x in (pair.a, pair.b))
+    want = tuple((config.num_layers, *s) for s in shapes[name])
+    if (a_all.shape, b_all.shape) != want:
+      raise ValueError(f"adapter {name!r} has shapes {a_all.shape}, {b_all.shape}; "
+                       f"config expects {want}")
+    for i, (a, b) in enumerate(zip(a_all, b_all)):
       tensors[_peft_name(i, name, "A")] = np.ascontiguousarray(a.reshape(-1, lc.rank).T)
       tensors[_peft_name(i, name, "B")] = np.ascontiguousarray(b.reshape(lc.rank, -1).T)
   adapter_config = {
@@ -388,23 +422,23 @@ def load_peft_adapter(path: str, base: Any, config: _config.ModelConfig) -> _lor
                         dropout=float(pc.get("lora_dropout", 0.0)), target_modules=modules)
   lc.check_model(config)
   shapes = _lora.adapter_shapes(config, lc.rank)
-  layers = []
+  adapters = {}
   with safe_open(weights, framework="numpy") as fh:
     names = set(fh.keys())
-    for i in range(config.num_layers):
-      layer = {}
-      for m in lc.modules:
-        pair = []
-        for factor, shape in zip("AB", shapes[m]):
+    for m in lc.modules:
+      pair = []
+      for factor, shape in zip("AB", shapes[m]):
+        want = (lc.rank, math.prod(shape[:-1])) if factor == "A" else (
+            math.prod(shape[1:]), lc.rank)
+        per_layer = []
+        for i in range(config.num_layers):
           key = _peft_name(i, m, factor)
           if key not in names:
             raise ValueError(f"{weights} lacks tensor {key!r}")
           arr = fh.get_tensor(key).astype(np.float32)
-          want = (lc.rank, math.prod(shape[:-1])) if factor == "A" else (
-              math.prod(shape[1:]), lc.rank)
           if arr.shape != want:
             raise ValueError(f"tensor {key!r} has shape {arr.shape}, expected {want}")
-          pair.append(jax.numpy.asarray(arr.T.reshape(shape)))
-        layer[m] = _lora.LoraPair(a=pair[0], b=pair[1])
-      layers.append(layer)
-  return _lora.LoraParams(base=base, adapters=tuple(layers), config=lc)
+          per_layer.append(arr.T.reshape(shape))
+        pair.append(jax.numpy.asarray(np.stack(per_layer)))
+      adapters[m] = _lora.LoraPair(a=pair[0], b=pair[1])
+  return _lora.LoraParams(base=base, adapters=adapters, config=lc)

@@ -142,23 +142,24 @@ class LoraPair:
 class LoraParams:
   """A policy with LoRA adapters: a frozen base and its trainable adapters.
 
-  ``adapters`` is one dict per layer, mapping each module of
-  ``config.modules`` to its :class:`LoraPair`. ``base`` is None in the
-  trainable part cut by :func:`split_frozen`; ``adapters`` None means the
-  base alone (adapters off).
+  ``adapters`` maps each module of ``config.modules`` to its
+  :class:`LoraPair`, stacked over the layers like the base's
+  ``LayerParams`` (a leading ``[L]`` axis on every factor). ``base`` is None
+  in the trainable part cut by :func:`split_frozen`; ``adapters`` None means
+  the base alone (adapters off).
 
-  Shapes per layer (D width, H/K heads, Dh head width, F MLP width, r rank):
-  ``q``: a [D, r], b [r, H, Dh]; ``k``, ``v``: a [D, r], b [r, K, Dh];
-  ``o``: a [H, Dh, r], b [r, D]; ``gate``, ``up``: a [D, r], b [r, F];
-  ``down``: a [F, r], b [r, D].
+  Shapes per layer, after the leading L (D width, H/K heads, Dh head width,
+  F MLP width, r rank): ``q``: a [D, r], b [r, H, Dh]; ``k``, ``v``: a
+  [D, r], b [r, K, Dh]; ``o``: a [H, Dh, r], b [r, D]; ``gate``, ``up``: a
+  [D, r], b [r, F]; ``down``: a [F, r], b [r, D].
   """
   base: Any  # jagent.models.Params or None
-  adapters: tuple[dict[str, LoraPair], ...] | None  # L entries
+  adapters: dict[str, LoraPair] | None  # every factor [L, ...]
   config: LoraConfig = flax.struct.field(pytree_node=False)
 
 
 def adapter_shapes(model: _config.ModelConfig, r: int) -> dict[str, tuple[tuple[int, ...], ...]]:
-  """Module name -> (A shape, B shape) for rank ``r`` on ``model`` (see :class:`LoraParams`)."""
+  """Module name -> one layer's (A shape, B shape) for rank ``r`` (see :class:`LoraParams`)."""
   d, h, k, dh, f = model.embed_dim, model.num_heads, model.num_kv_heads, model.head_dim, \
       model.mlp_dim
   return {"q": ((d, r), (r, h, dh)), "k": ((d, r), (r, k, dh)), "v": ((d, r), (r, k, dh)),
@@ -188,18 +189,17 @@ def init_lora(base: Any, model: _config.ModelConfig, lora: LoraConfig,
   """
   lora.check_model(model)
   shapes = adapter_shapes(model, lora.rank)
-  layers = []
-  for i in range(model.num_layers):
-    layer = {}
-    for j, name in enumerate(lora.modules):
-      a_shape, b_shape = shapes[name]
-      fan_in = math.prod(a_shape[:-1])
-      bound = 1.0 / math.sqrt(fan_in)
-      a = jax.random.uniform(jax.random.fold_in(key, i * len(LORA_MODULES) + j), a_shape,
-                             jnp.float32, -bound, bound)
-      layer[name] = LoraPair(a=a, b=jnp.zeros(b_shape, jnp.float32))
-    layers.append(layer)
-  return LoraParams(base=base, adapters=tuple(layers), config=lora)
+  layer_index = jnp.arange(model.num_layers)
+  adapters = {}
+  for j, name in enumerate(lora.modules):
+    a_shape, b_shape = shapes[name]
+    bound = 1.0 / math.sqrt(math.prod(a_shape[:-1]))  # 1 / sqrt(fan_in)
+    # Layer i's A draws from its own key, the same under vmap as one by one.
+    a = jax.vmap(lambda i: jax.random.uniform(  # pylint: disable=cell-var-from-loop
+        jax.random.fold_in(key, i * len(LORA_MODULES) + j), a_shape, jnp.float32,
+        -bound, bound))(layer_index)
+    adapters[name] = LoraPair(a=a, b=jnp.zeros((model.num_layers, *b_shape), jnp.float32))
+  return LoraParams(base=base, adapters=adapters, config=lora)
 
 
 def lora_axes(params: LoraParams, base_axes: Any) -> LoraParams:
@@ -210,16 +210,17 @@ def lora_axes(params: LoraParams, base_axes: Any) -> LoraParams:
   same rules as the weights they adapt.
   """
   from jagent.models import _transformer as t  # pylint: disable=g-import-not-at-top
-  names = {"q": (P(t.EMBED, LORA_RANK), P(LORA_RANK, t.Q_HEADS, t.HEAD_DIM)),
-           "k": (P(t.EMBED, LORA_RANK), P(LORA_RANK, t.KV_HEADS, t.HEAD_DIM)),
-           "v": (P(t.EMBED, LORA_RANK), P(LORA_RANK, t.KV_HEADS, t.HEAD_DIM)),
-           "o": (P(t.Q_HEADS, t.HEAD_DIM, LORA_RANK), P(LORA_RANK, t.EMBED)),
-           "gate": (P(t.EMBED, LORA_RANK), P(LORA_RANK, t.MLP)),
-           "up": (P(t.EMBED, LORA_RANK), P(LORA_RANK, t.MLP)),
-           "down": (P(t.MLP, LORA_RANK), P(LORA_RANK, t.EMBED))}
+  lr = (t.LAYERS, LORA_RANK)
+  names = {"q": (P(t.LAYERS, t.EMBED, LORA_RANK), P(*lr, t.Q_HEADS, t.HEAD_DIM)),
+           "k": (P(t.LAYERS, t.EMBED, LORA_RANK), P(*lr, t.KV_HEADS, t.HEAD_DIM)),
+           "v": (P(t.LAYERS, t.EMBED, LORA_RANK), P(*lr, t.KV_HEADS, t.HEAD_DIM)),
+           "o": (P(t.LAYERS, t.Q_HEADS, t.HEAD_DIM, LORA_RANK), P(*lr, t.EMBED)),
+           "gate": (P(t.LAYERS, t.EMBED, LORA_RANK), P(*lr, t.MLP)),
+           "up": (P(t.LAYERS, t.EMBED, LORA_RANK), P(*lr, t.MLP)),
+           "down": (P(t.LAYERS, t.MLP, LORA_RANK), P(*lr, t.EMBED))}
   adapters = None
   if params.adapters is not None:
-    adapters = tuple({n: LoraPair(*names[n]) for n in layer} for layer in params.adapters)
+    adapters = {n: LoraPair(*names[n]) for n in params.adapters}
   return LoraParams(base=None if params.base is None else base_axes, adapters=adapters,
                     config=params.config)
 
@@ -313,17 +314,16 @@ def merge_lora(params: LoraParams, min_dtype: Any = None) -> Any:
   if params.adapters is None:
     return params.base
   scale = params.config.scale
-  layers = []
-  for lp, layer in zip(params.base.layers, params.adapters):
-    changes = {}
-    for name, pair in layer.items():
-      w = getattr(lp, _WEIGHT[name])
-      a = pair.a.astype(jnp.float32).reshape(-1, pair.a.shape[-1])
-      delta = scale * (a @ pair.b.astype(jnp.float32).reshape(pair.b.shape[0], -1))
-      dtype = w.dtype if min_dtype is None else jnp.promote_types(w.dtype, min_dtype)
-      changes[_WEIGHT[name]] = (w.astype(jnp.float32) + delta.reshape(w.shape)).astype(dtype)
-    layers.append(lp.replace(**changes))
-  return params.base.replace(layers=tuple(layers))
+  changes = {}
+  for name, pair in params.adapters.items():
+    w = getattr(params.base.layers, _WEIGHT[name])  # [L, in..., out...]
+    n, r = pair.a.shape[0], pair.a.shape[-1]
+    a = pair.a.astype(jnp.float32).reshape(n, -1, r)
+    b = pair.b.astype(jnp.float32).reshape(n, r, -1)
+    delta = scale * jnp.einsum("lir,lro->lio", a, b)
+    dtype = w.dtype if min_dtype is None else jnp.promote_types(w.dtype, min_dtype)
+    changes[_WEIGHT[name]] = (w.astype(jnp.float32) + delta.reshape(w.shape)).astype(dtype)
+  return params.base.replace(layers=params.base.layers.replace(**changes))
 
 
 def base_of(params: Any) -> Any:

@@ -9,12 +9,14 @@ are ``flax.struct.dataclass`` pytrees of plain arrays, so both functions work un
 names in place of every array, for sharding by rules (``jagent.sharding``:
 ``tree_shardings(param_axes(config), params, mesh, rules)``, ``param_shardings``).
 
-Layers are a tuple (one ``LayerParams`` per layer, unrolled in ``apply``) rather
-than stacked arrays: each decode step then updates each layer's cache buffer in
-place, and no step slices a layer's weights or cache out of a stacked array.
+The decoder layers are one block scanned over stacked weights (every
+``LayerParams`` leaf and the KV cache have a leading ``[L]`` axis, logical
+name ``layers``), as in MaxText, levanter and Tunix: the rollout, prefill and
+train-step programs compile one block whatever the depth, so compile time and
+the compiled buffers do not grow with L the way an unrolled Python loop's do.
 
-Shape letters (jagent._src.types): B batch, T new tokens, S cache slots,
-D width, H query heads, K key/value heads, G = H // K, Dh head width,
+Shape letters (jagent._src.types): L layers, B batch, T new tokens, S cache
+slots, D width, H query heads, K key/value heads, G = H // K, Dh head width,
 F MLP width, V vocab.
 """
 
@@ -42,79 +44,97 @@ HEAD_DIM = "head_dim"
 MLP = "mlp"
 BATCH = "batch"
 CACHE_SEQ = "cache_seq"
+LAYERS = "layers"
+
+# The order of LayerParams' fields (and of HF's per-layer tensors).
+LAYER_FIELDS = ("attn_norm", "wq", "wk", "wv", "bq", "bk", "bv", "wo", "mlp_norm", "w_gate",
+                "w_up", "w_down")
 
 
 @flax.struct.dataclass
 class LayerParams:
-  """Parameters of one decoder layer (axis names in brackets)."""
-  attn_norm: jax.Array  # shape=[D], dtype=param_dtype  (embed)
-  wq: jax.Array  # shape=[D, H, Dh]  (embed, q_heads, head_dim)
-  wk: jax.Array  # shape=[D, K, Dh]  (embed, kv_heads, head_dim)
-  wv: jax.Array  # shape=[D, K, Dh]  (embed, kv_heads, head_dim)
-  bq: jax.Array | None  # shape=[H, Dh] or None without qkv_bias  (q_heads, head_dim)
-  bk: jax.Array | None  # shape=[K, Dh] or None  (kv_heads, head_dim)
-  bv: jax.Array | None  # shape=[K, Dh] or None  (kv_heads, head_dim)
-  wo: jax.Array  # shape=[H, Dh, D]  (q_heads, head_dim, embed)
-  mlp_norm: jax.Array  # shape=[D]  (embed)
-  w_gate: jax.Array  # shape=[D, F]  (embed, mlp)
-  w_up: jax.Array  # shape=[D, F]  (embed, mlp)
-  w_down: jax.Array  # shape=[F, D]  (mlp, embed)
+  """Parameters of all L decoder layers, stacked on a leading layer axis.
+
+  Entry ``[i]`` of every leaf is layer i's (axis names in brackets; every
+  leaf starts with ``layers``).
+  """
+  attn_norm: jax.Array  # shape=[L, D], dtype=param_dtype  (layers, embed)
+  wq: jax.Array  # shape=[L, D, H, Dh]  (layers, embed, q_heads, head_dim)
+  wk: jax.Array  # shape=[L, D, K, Dh]  (layers, embed, kv_heads, head_dim)
+  wv: jax.Array  # shape=[L, D, K, Dh]  (layers, embed, kv_heads, head_dim)
+  bq: jax.Array | None  # shape=[L, H, Dh] or None without qkv_bias  (layers, q_heads, head_dim)
+  bk: jax.Array | None  # shape=[L, K, Dh] or None  (layers, kv_heads, head_dim)
+  bv: jax.Array | None  # shape=[L, K, Dh] or None  (layers, kv_heads, head_dim)
+  wo: jax.Array  # shape=[L, H, Dh, D]  (layers, q_heads, head_dim, embed)
+  mlp_norm: jax.Array  # shape=[L, D]  (layers, embed)
+  w_gate: jax.Array  # shape=[L, D, F]  (layers, embed, mlp)
+  w_up: jax.Array  # shape=[L, D, F]  (layers, embed, mlp)
+  w_down: jax.Array  # shape=[L, F, D]  (layers, mlp, embed)
+
+  @property
+  def num_layers(self) -> int:
+    """L, the length of the leading layer axis."""
+    return self.attn_norm.shape[0]
+
+  def layer(self, i: int) -> "LayerParams":
+    """Layer ``i``'s parameters (leaves without the layer axis)."""
+    return jax.tree.map(lambda x: x[i], self)
 
 
 @flax.struct.dataclass
 class Params:
   """All parameters of a decoder-only transformer."""
   embed: jax.Array  # shape=[V, D], dtype=param_dtype  (vocab, embed)
-  layers: tuple[LayerParams, ...]  # L entries
+  layers: LayerParams  # every leaf [L, ...]
   final_norm: jax.Array  # shape=[D]  (embed)
   lm_head: jax.Array | None  # shape=[D, V], None when embeddings are tied  (embed, vocab)
 
 
 @flax.struct.dataclass
 class KVCache:
-  """Per-layer key/value cache; slot s of row b holds that row's token s.
+  """Key/value cache of every layer; slot s of row b holds that row's token s.
 
   Rotary embeddings are already applied to the cached keys. Keys are stored
-  transposed, slots last ([B, K, Dh, S]), so that the scores of the G query
-  heads of a key/value head are one [G, Dh] x [Dh, S] product per row, which
-  made a decode step's attention faster on XLA:CPU than keys laid out
+  transposed, slots last ([L, B, K, Dh, S]), so that the scores of the G
+  query heads of a key/value head are one [G, Dh] x [Dh, S] product per row,
+  which made a decode step's attention faster on XLA:CPU than keys laid out
   [B, K, S, Dh] (those [S, Dh] x [Dh] products reduce over the short minor
-  axis; measured in docs/results.md, "Model kernels on XLA:CPU"). Values stay
-  [B, K, S, Dh]. Slots at or past ``lengths[b]`` hold garbage and are never
-  attended to by valid queries.
+  axis; measured in docs/results.md, "Model kernels on XLA:CPU"). Values
+  are [L, B, K, S, Dh]. Slots at or past ``lengths[b]`` hold garbage and are
+  never attended to by valid queries.
   """
-  k: tuple[jax.Array, ...]  # L x shape=[B, K, Dh, S], dtype=dtype  (batch, kv_heads, head_dim, cache_seq)
-  v: tuple[jax.Array, ...]  # L x shape=[B, K, S, Dh]  (batch, kv_heads, cache_seq, head_dim)
+  k: jax.Array  # shape=[L, B, K, Dh, S], dtype=dtype  (layers, batch, kv_heads, head_dim, cache_seq)
+  v: jax.Array  # shape=[L, B, K, S, Dh]  (layers, batch, kv_heads, cache_seq, head_dim)
   lengths: jax.Array  # shape=[B], dtype=int32: filled slots per row  (batch)
 
   @property
   def max_length(self) -> int:
     """S, the number of slots per row."""
-    return self.v[0].shape[2]
+    return self.v.shape[3]
 
 
 def param_axes(config: ModelConfig) -> Params:
   """Logical axis names of every parameter: ``Params`` with PartitionSpec leaves."""
   bias = config.qkv_bias
   layer = LayerParams(
-      attn_norm=P(EMBED),
-      wq=P(EMBED, Q_HEADS, HEAD_DIM), wk=P(EMBED, KV_HEADS, HEAD_DIM),
-      wv=P(EMBED, KV_HEADS, HEAD_DIM),
-      bq=P(Q_HEADS, HEAD_DIM) if bias else None,
-      bk=P(KV_HEADS, HEAD_DIM) if bias else None,
-      bv=P(KV_HEADS, HEAD_DIM) if bias else None,
-      wo=P(Q_HEADS, HEAD_DIM, EMBED), mlp_norm=P(EMBED),
-      w_gate=P(EMBED, MLP), w_up=P(EMBED, MLP), w_down=P(MLP, EMBED))
+      attn_norm=P(LAYERS, EMBED),
+      wq=P(LAYERS, EMBED, Q_HEADS, HEAD_DIM), wk=P(LAYERS, EMBED, KV_HEADS, HEAD_DIM),
+      wv=P(LAYERS, EMBED, KV_HEADS, HEAD_DIM),
+      bq=P(LAYERS, Q_HEADS, HEAD_DIM) if bias else None,
+      bk=P(LAYERS, KV_HEADS, HEAD_DIM) if bias else None,
+      bv=P(LAYERS, KV_HEADS, HEAD_DIM) if bias else None,
+      wo=P(LAYERS, Q_HEADS, HEAD_DIM, EMBED), mlp_norm=P(LAYERS, EMBED),
+      w_gate=P(LAYERS, EMBED, MLP), w_up=P(LAYERS, EMBED, MLP), w_down=P(LAYERS, MLP, EMBED))
   return Params(
-      embed=P(VOCAB, EMBED), layers=(layer,) * config.num_layers, final_norm=P(EMBED),
+      embed=P(VOCAB, EMBED), layers=layer, final_norm=P(EMBED),
       lm_head=None if config.tie_embeddings else P(EMBED, VOCAB))
 
 
 def cache_axes(config: ModelConfig) -> KVCache:
   """Logical axis names of every KV-cache array: ``KVCache`` with PartitionSpec leaves."""
-  k = (P(BATCH, KV_HEADS, HEAD_DIM, CACHE_SEQ),) * config.num_layers
-  v = (P(BATCH, KV_HEADS, CACHE_SEQ, HEAD_DIM),) * config.num_layers
-  return KVCache(k=k, v=v, lengths=P(BATCH))
+  del config  # every config's cache has the same axes
+  return KVCache(k=P(LAYERS, BATCH, KV_HEADS, HEAD_DIM, CACHE_SEQ),
+                 v=P(LAYERS, BATCH, KV_HEADS, CACHE_SEQ, HEAD_DIM), lengths=P(BATCH))
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -123,8 +143,9 @@ def init(config: ModelConfig, key: jax.Array) -> Params:
 
   Matrices are N(0, 0.02^2) (the Hugging Face ``initializer_range`` default),
   biases zero, RMSNorm scales one. All matrices come from one normal draw of
-  ``num_params`` values (a transient float32 vector that size). For a sharded
-  init, wrap it:
+  ``num_params`` values (a transient float32 vector that size), in the order
+  of a Hugging Face checkpoint (embeddings, then each layer's q, k, v, o,
+  gate, up, down, then the untied head). For a sharded init, wrap it:
   ``jax.jit(init, static_argnums=0,
   out_shardings=jagent.sharding.param_shardings(jax.eval_shape(init, config, key), mesh))``.
 
@@ -137,33 +158,33 @@ def init(config: ModelConfig, key: jax.Array) -> Params:
   """
   c = config
   dt = c.jnp_param_dtype
+  n = c.num_layers
   d, h, k, dh, f = c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim, c.mlp_dim
-  matrices = [(c.vocab_size, d)] + [
-      (d, h, dh), (d, k, dh), (d, k, dh), (h, dh, d), (d, f), (d, f), (f, d)] * c.num_layers
-  if not c.tie_embeddings:
-    matrices.append((d, c.vocab_size))
+  per_layer = [(d, h, dh), (d, k, dh), (d, k, dh), (h, dh, d), (d, f), (d, f), (f, d)]
   # One draw for all matrices, then slices: each separate jax.random call
   # adds its own threefry code, and compile time grew with their number.
-  sizes = [math.prod(shape) for shape in matrices]
-  flat = 0.02 * jax.random.normal(key, (sum(sizes),), jnp.float32)
-  offsets = np.cumsum([0] + sizes)
-  pieces = iter(flat[o:o + n].reshape(shape).astype(dt)
-                for o, n, shape in zip(offsets, sizes, matrices))
+  # Layer i's matrices are consecutive, so the strided view below picks each
+  # kind's L matrices without a per-layer slice.
+  v_size, layer_size = c.vocab_size * d, sum(math.prod(s) for s in per_layer)
+  head = 0 if c.tie_embeddings else d * c.vocab_size
+  flat = 0.02 * jax.random.normal(key, (v_size + n * layer_size + head,), jnp.float32)
+  embed = flat[:v_size].reshape(c.vocab_size, d).astype(dt)
+  stacked = flat[v_size:v_size + n * layer_size].reshape(n, layer_size)
+  offsets = np.cumsum([0] + [math.prod(s) for s in per_layer])
+  wq, wk, wv, wo, w_gate, w_up, w_down = (
+      stacked[:, o:o + math.prod(s)].reshape(n, *s).astype(dt)
+      for o, s in zip(offsets, per_layer))
+  lm_head = None if c.tie_embeddings else flat[v_size + n * layer_size:].reshape(
+      d, c.vocab_size).astype(dt)
 
   def zeros(shape):
-    return jnp.zeros(shape, dt) if c.qkv_bias else None
+    return jnp.zeros((n, *shape), dt) if c.qkv_bias else None
 
-  embed = next(pieces)
-  layers = []
-  for _ in range(c.num_layers):
-    wq, wk, wv, wo, w_gate, w_up, w_down = (next(pieces) for _ in range(7))
-    layers.append(LayerParams(
-        attn_norm=jnp.ones((d,), dt), wq=wq, wk=wk, wv=wv, bq=zeros((h, dh)),
-        bk=zeros((k, dh)), bv=zeros((k, dh)), wo=wo, mlp_norm=jnp.ones((d,), dt),
-        w_gate=w_gate, w_up=w_up, w_down=w_down))
-  lm_head = None if c.tie_embeddings else next(pieces)
-  return Params(embed=embed, layers=tuple(layers), final_norm=jnp.ones((d,), dt),
-                lm_head=lm_head)
+  ones = jnp.ones((n, d), dt)
+  layers = LayerParams(attn_norm=ones, wq=wq, wk=wk, wv=wv, bq=zeros((h, dh)),
+                       bk=zeros((k, dh)), bv=zeros((k, dh)), wo=wo, mlp_norm=ones,
+                       w_gate=w_gate, w_up=w_up, w_down=w_down)
+  return Params(embed=embed, layers=layers, final_norm=jnp.ones((d,), dt), lm_head=lm_head)
 
 
 def init_cache(config: ModelConfig, batch_size: int, max_length: int,
@@ -177,8 +198,7 @@ def init_cache(config: ModelConfig, batch_size: int, max_length: int,
     lengths: optional int32 [B] initial fill (default zeros).
 
   Returns:
-    ``KVCache`` with zero arrays per layer: keys [B, K, Dh, S], values
-    [B, K, S, Dh].
+    ``KVCache`` of zeros: keys [L, B, K, Dh, S], values [L, B, K, S, Dh].
 
   Raises:
     ValueError: non-positive ``batch_size`` or ``max_length``.
@@ -186,12 +206,12 @@ def init_cache(config: ModelConfig, batch_size: int, max_length: int,
   if batch_size <= 0 or max_length <= 0:
     raise ValueError(f"init_cache needs positive batch_size and max_length, got "
                      f"{batch_size}, {max_length}")
-  shape_k = (batch_size, config.num_kv_heads, config.head_dim, max_length)
-  shape_v = (batch_size, config.num_kv_heads, max_length, config.head_dim)
+  c = config
+  shape_k = (c.num_layers, batch_size, c.num_kv_heads, c.head_dim, max_length)
+  shape_v = (c.num_layers, batch_size, c.num_kv_heads, max_length, c.head_dim)
   lengths = jnp.zeros((batch_size,), jnp.int32) if lengths is None else jnp.asarray(
       lengths, jnp.int32)
-  return KVCache(k=tuple(jnp.zeros(shape_k, config.jnp_dtype) for _ in range(config.num_layers)),
-                 v=tuple(jnp.zeros(shape_v, config.jnp_dtype) for _ in range(config.num_layers)),
+  return KVCache(k=jnp.zeros(shape_k, c.jnp_dtype), v=jnp.zeros(shape_v, c.jnp_dtype),
                  lengths=lengths)
 
 
@@ -274,30 +294,60 @@ def _dense(x: jax.Array, w: jax.Array) -> jax.Array:
   return y.reshape(*lead, *w.shape[1:])
 
 
-def _qkv_projection(h_btd, lp, cos_btf, sin_btf, dtype, delta=None):
-  """Queries [B,T,K,G,Dh], keys and values [B,T,K,Dh] (rotary applied) in one matmul.
+class _BlockWeights(flax.struct.PyTreeNode):
+  """One or all layers' weights in the layout and dtype the block computes with.
+
+  Leaves carry the leading axes of the ``LayerParams`` they came from
+  (``[L]`` for the whole stack, none for one layer).
+  """
+  attn_norm: jax.Array  # [..., D]
+  w_qkv: jax.Array  # [..., D, K, G + 2, Dh]: each K head's G queries, its key, its value
+  b_qkv: jax.Array | None  # [..., K, G + 2, Dh]
+  wo: jax.Array  # [..., H * Dh, D]
+  mlp_norm: jax.Array  # [..., D]
+  w_gate_up: jax.Array  # [..., D, 2, F]
+  w_down: jax.Array  # [..., F, D]
+
+
+def _block_weights(lp: LayerParams, dtype) -> _BlockWeights:
+  """The compute layout of ``lp`` (one layer or the ``[L]`` stack).
 
   The weights of each key/value head's G query heads, its key and its value
   are stacked ``[D, K, G + 2, Dh]`` (query head ``h = k * G + g`` uses
   key/value head ``k``, as in grouped-query attention, Ainslie et al. 2023,
   https://arxiv.org/abs/2305.13245), so the three projections are one
-  [B*T, D] x [D, K*(G+2)*Dh] product, faster on XLA:CPU than three products
-  (as is the gate/up pair of the MLP as one; measured in
-  docs/results.md, "Model kernels on XLA:CPU"). The stacking keeps the K axis
-  leading, so a ``KV_HEADS``-sharded layout stays local; inside a decode loop
-  XLA hoists it out of the loop (the weights are loop-invariant). ``delta``
+  [B*T, D] x [D, K*(G+2)*Dh] product, faster on XLA:CPU than three products;
+  likewise the MLP's gate and up as one ``[D, 2, F]`` product (measured in
+  docs/results.md, "Model kernels on XLA:CPU"). The stacking keeps the K
+  axis leading, so a ``KV_HEADS``-sharded layout stays local.
+  """
+  *lead, d, nk, dh = lp.wk.shape
+  g = lp.wq.shape[-2] // nk
+  w_qkv = jnp.concatenate([lp.wq.reshape(*lead, d, nk, g, dh), lp.wk[..., None, :],
+                           lp.wv[..., None, :]], axis=-2).astype(dtype)
+  b_qkv = None
+  if lp.bq is not None:
+    b_qkv = jnp.concatenate([lp.bq.reshape(*lead, nk, g, dh), lp.bk[..., None, :],
+                             lp.bv[..., None, :]], axis=-2).astype(dtype)
+  wo = lp.wo.reshape(*lead, nk * g * dh, lp.wo.shape[-1]).astype(dtype)
+  w_gate_up = jnp.stack([lp.w_gate, lp.w_up], axis=-2).astype(dtype)
+  return _BlockWeights(attn_norm=lp.attn_norm, w_qkv=w_qkv, b_qkv=b_qkv, wo=wo,
+                       mlp_norm=lp.mlp_norm, w_gate_up=w_gate_up,
+                       w_down=lp.w_down.astype(dtype))
+
+
+def _qkv_projection(h_btd, w: _BlockWeights, cos_btf, sin_btf, dtype, delta=None):
+  """Queries [B,T,K,G,Dh], keys and values [B,T,K,Dh] (rotary applied) in one matmul.
+
+  ``w`` is one layer's :func:`_block_weights`. ``delta``
   (``[B, T, K, G + 2, Dh]``, LoRA's additions) is added before the biases.
   """
-  d, nk, dh = lp.wk.shape
-  g = lp.wq.shape[1] // nk
-  w = jnp.concatenate([lp.wq.reshape(d, nk, g, dh), lp.wk[:, :, None], lp.wv[:, :, None]],
-                      axis=2).astype(dtype)
-  y = _dense(h_btd, w)  # [B, T, K, G + 2, Dh]
+  g = w.w_qkv.shape[-2] - 2
+  y = _dense(h_btd, w.w_qkv)  # [B, T, K, G + 2, Dh]
   if delta is not None:
     y = y + delta
-  if lp.bq is not None:
-    bias = jnp.concatenate([lp.bq.reshape(nk, g, dh), lp.bk[:, None], lp.bv[:, None]], axis=1)
-    y = y + bias.astype(dtype)[None, None]
+  if w.b_qkv is not None:
+    y = y + w.b_qkv[None, None]
   qk = _rope(y[..., :g + 1, :], cos_btf, sin_btf)
   return qk[..., :g, :], qk[..., g, :], y[..., g + 1, :]
 
@@ -354,8 +404,7 @@ def hidden_states(
   if _lora.is_lora(params):
     lora_config, adapters = params.config, params.adapters
     params = params.base
-  if adapters is None:
-    adapters = (None,) * len(params.layers)
+  num_layers = params.layers.num_layers
 
   x = jnp.take(params.embed, tokens, axis=0).astype(dt)  # [B, T, D]
   inv = jnp.asarray(rope_inv_freq(c))
@@ -373,13 +422,15 @@ def hidden_states(
     n = jnp.full((b,), t, jnp.int32) if num_tokens is None else jnp.asarray(num_tokens, jnp.int32)
     # Slots any used query reads: rows with no valid token read none.
     needed = jnp.clip(jnp.max(jnp.where(n > 0, cache.lengths + n, 0)), 1, cache.max_length)
-  def layer(x, lp, cos, sin, k_cache, v_cache, la, key):
-    """One pre-norm decoder block; with a cache also its updated K/V.
 
-    ``la``: the layer's LoRA pairs (a dict by module name) or None; ``key``
-    its dropout key or None.
+  def block(x, w, la, key):
+    """One pre-norm decoder block, split around its attention.
+
+    ``w``: the layer's :func:`_block_weights`; ``la``: its LoRA pairs (a dict
+    by module name, empty without LoRA); ``key``: its dropout key or None.
+    Returns ``((q, k, v), finish)``: the attention's inputs and a function
+    from the attention output ``[B, T, K, G, Dh]`` to the block's output.
     """
-    la = la or {}
 
     def delta(name, inp, in_axes=1):
       """LoRA's addition to projection ``name`` (None when not adapted)."""
@@ -389,7 +440,7 @@ def hidden_states(
       return _lora.lora_delta(inp, la[name], lora_config.scale, dt, rate=lora_config.dropout,
                               key=sub, in_axes=in_axes)
 
-    h_btd = _rms_norm(x, lp.attn_norm, c.norm_eps)
+    h_btd = _rms_norm(x, w.attn_norm, c.norm_eps)
     qkv_delta = None
     if any(n in la for n in ("q", "k", "v")):
       nk, g = c.num_kv_heads, c.num_heads // c.num_kv_heads
@@ -399,47 +450,65 @@ def hidden_states(
           zero(g) if dq is None else dq.reshape(b, t, nk, g, c.head_dim),
           zero(1) if dk is None else dk[:, :, :, None],
           zero(1) if dv is None else dv[:, :, :, None]], axis=3)
-    q, k, v = _qkv_projection(h_btd, lp, cos, sin, dt, qkv_delta)
-    if cache is None:
-      o = _attention.causal_attention(q, k, v, mask, dt)
-      k_all = v_all = None
-    else:
-      # Advanced indices on two axes put them first: updates are [B, T, K, Dh].
-      k_all = k_cache.at[rows, :, :, slots].set(k.astype(k_cache.dtype), mode="drop")
-      v_all = v_cache.at[rows, :, slots, :].set(v.astype(v_cache.dtype), mode="drop")
-      o = _attention.cached_attention(q, k_all.astype(dt), v_all.astype(dt), slots, needed, dt)
-    o = o.reshape(b, t, c.num_heads, c.head_dim)
-    attn_out = _dense(o.reshape(b, t, c.num_heads * c.head_dim),
-                      lp.wo.astype(dt).reshape(c.num_heads * c.head_dim, -1))
-    d_o = delta("o", o, in_axes=2)
-    x = x + (attn_out if d_o is None else attn_out + d_o)
-    h_btd = _rms_norm(x, lp.mlp_norm, c.norm_eps)
-    # Gate and up projections as one matmul over weights stacked [D, 2, F].
-    gate_up = _dense(h_btd, jnp.stack([lp.w_gate, lp.w_up], axis=1).astype(dt))
-    gate, up = gate_up[..., 0, :], gate_up[..., 1, :]
-    d_gate, d_up = delta("gate", h_btd), delta("up", h_btd)
-    gate = gate if d_gate is None else gate + d_gate
-    up = up if d_up is None else up + d_up
-    act = jax.nn.silu(gate) * up  # [B, T, F]
-    out = _dense(act, lp.w_down.astype(dt))
-    d_down = delta("down", act)
-    return x + (out if d_down is None else out + d_down), k_all, v_all
+    q, k, v = _qkv_projection(h_btd, w, cos, sin, dt, qkv_delta)
 
-  # config.remat: a backward pass keeps only each block's input and recomputes
-  # the block (no cache: the training forward).
-  block = jax.checkpoint(layer) if c.remat and cache is None else layer
-  new_k, new_v = [], []
-  for i, lp in enumerate(params.layers):
-    key = None if dropout_key is None else jax.random.fold_in(dropout_key, i)
-    x, k_all, v_all = block(x, lp, cos, sin, None if cache is None else cache.k[i],
-                            None if cache is None else cache.v[i], adapters[i], key)
-    new_k.append(k_all)
-    new_v.append(v_all)
+    def finish(o):
+      o = o.reshape(b, t, c.num_heads, c.head_dim)
+      attn_out = _dense(o.reshape(b, t, c.num_heads * c.head_dim), w.wo)
+      d_o = delta("o", o, in_axes=2)
+      y = x + (attn_out if d_o is None else attn_out + d_o)
+      h_btd = _rms_norm(y, w.mlp_norm, c.norm_eps)
+      gate_up = _dense(h_btd, w.w_gate_up)
+      gate, up = gate_up[..., 0, :], gate_up[..., 1, :]
+      d_gate, d_up = delta("gate", h_btd), delta("up", h_btd)
+      gate = gate if d_gate is None else gate + d_gate
+      up = up if d_up is None else up + d_up
+      act = jax.nn.silu(gate) * up  # [B, T, F]
+      out = _dense(act, w.w_down)
+      d_down = delta("down", act)
+      return y + (out if d_down is None else out + d_down)
 
-  x = _rms_norm(x, params.final_norm, c.norm_eps)
+    return (q, k, v), finish
+
+  def layer_key(i):
+    return None if dropout_key is None else jax.random.fold_in(dropout_key, i)
+
+  xs_adapters = {} if adapters is None else adapters
+  index = jnp.arange(num_layers, dtype=jnp.int32)
   if cache is None:
-    return x, None
-  return x, KVCache(k=tuple(new_k), v=tuple(new_v), lengths=cache.lengths + n)
+    def body(x, xs):
+      lp, la, i = xs
+      (q, k, v), finish = block(x, _block_weights(lp, dt), la, layer_key(i))
+      return finish(_attention.causal_attention(q, k, v, mask, dt)), None
+
+    # config.remat: a backward pass keeps only each block's input and
+    # recomputes the block (prevent_cse=False: the scan already keeps XLA from
+    # merging the recomputation into the forward).
+    if c.remat:
+      body = jax.checkpoint(body, prevent_cse=False)
+    x, _ = jax.lax.scan(body, x, (params.layers, xs_adapters, index))
+    return _rms_norm(x, params.final_norm, c.norm_eps), None
+
+  # With a cache the compute layout is built for the whole stack before the
+  # scan: inside a decode loop it is then loop-invariant and XLA hoists it out
+  # of the loop instead of rebuilding each layer's weights at every step.
+  def body(carry, xs):
+    x, k_cache, v_cache = carry
+    w, la, i = xs
+    (q, k, v), finish = block(x, w, la, layer_key(i))
+    # The new tokens go straight into the stacked cache, in place. Advanced
+    # indices on non-adjacent axes come first: updates are [B, T, K, Dh].
+    k_cache = k_cache.at[i, rows, :, :, slots].set(k.astype(k_cache.dtype), mode="drop")
+    v_cache = v_cache.at[i, rows, :, slots, :].set(v.astype(v_cache.dtype), mode="drop")
+    k_all = jax.lax.dynamic_index_in_dim(k_cache, i, keepdims=False)
+    v_all = jax.lax.dynamic_index_in_dim(v_cache, i, keepdims=False)
+    o = _attention.cached_attention(q, k_all.astype(dt), v_all.astype(dt), slots, needed, dt)
+    return (finish(o), k_cache, v_cache), None
+
+  (x, k_cache, v_cache), _ = jax.lax.scan(
+      body, (x, cache.k, cache.v), (_block_weights(params.layers, dt), xs_adapters, index))
+  x = _rms_norm(x, params.final_norm, c.norm_eps)
+  return x, KVCache(k=k_cache, v=v_cache, lengths=cache.lengths + n)
 
 
 def output_logits(params: Params, h: jax.Array, config: ModelConfig) -> jax.Array:

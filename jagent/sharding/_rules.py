@@ -37,12 +37,13 @@ DEFAULT_RULES: tuple[tuple[str, MeshAxes], ...] = (
     (_tf.VOCAB, _mesh.TENSOR),        # embeddings / logits by vocabulary
     (_tf.HEAD_DIM, None),
     (_tf.CACHE_SEQ, None),
+    (_tf.LAYERS, None),               # every device holds its part of every layer
 )
 """Default ``(logical_name, mesh_axes)`` rules for the ``make_mesh`` axes.
 
 ``batch`` rows over ``("data", "fsdp")``; ``embed`` over ``fsdp``;
 ``q_heads``, ``kv_heads``, ``mlp`` and ``vocab`` over ``tensor``;
-``head_dim`` and ``cache_seq`` replicated. Earlier rules win when two names of
+``head_dim``, ``cache_seq`` and the stacked ``layers`` axis replicated. Earlier rules win when two names of
 one array ask for the same mesh axis (``flax.linen.logical_to_mesh_axes``).
 """
 
@@ -150,11 +151,12 @@ def _params_axes(params):
     return models.lora_axes(params, None if params.base is None else _params_axes(params.base))
   if not isinstance(params, models.Params):
     raise ValueError(f"expected jagent.models.Params; got {type(params).__name__}.")
-  if not params.layers:
-    raise ValueError("params have no layers.")
+  if not isinstance(params.layers, models.LayerParams):
+    raise ValueError(f"params.layers must be a stacked jagent.models.LayerParams; got "
+                     f"{type(params.layers).__name__}.")
   # param_axes reads only these three fields of the config.
-  config = models.ModelConfig(num_layers=len(params.layers),
-                              qkv_bias=params.layers[0].bq is not None,
+  config = models.ModelConfig(num_layers=params.layers.num_layers,
+                              qkv_bias=params.layers.bq is not None,
                               tie_embeddings=params.lm_head is None)
   return models.param_axes(config)
 

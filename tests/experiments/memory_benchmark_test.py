@@ -56,7 +56,7 @@ class MemoryBenchmarkTest(absltest.TestCase):
     num_params = models.get_config("nano").num_params()
     self.assertIn("memory benchmark: Bandit-v0 starpo_s, model nano", out)
     self.assertIn("| mesh | devices | micro-batches | state ", out)
-    self.assertRegex(out, r"\n\| data:2 \| 2 \| 1 \|( [0-9.,]+ \|){5}\n")
+    self.assertRegex(out, r"\n\| data:2 \| 2 \| 1 \|( [0-9.,]+ \|){6}\n")
     res = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
     self.assertEqual((res["model"], res["num_params"], res["num_layers"], res["layers"]),
                      ("nano", num_params, 2, [1, 2]))
@@ -85,6 +85,16 @@ class MemoryBenchmarkTest(absltest.TestCase):
                                                            r["train"]["temp_bytes"]))
       self.assertAlmostEqual(
           r["compile_seconds"], r["rollout"]["compile_seconds"] + r["train"]["compile_seconds"])
+
+  def test_default_compiles_at_the_model_depth(self):
+    res = json.loads([l for l in _run_main("--meshes=data:1").splitlines()
+                      if l.startswith("{")][-1])
+    self.assertEqual((res["num_layers"], res["layers"]), (2, []))
+    for name in ("rollout", "train"):
+      p = res["rows"][0][name]
+      self.assertEqual(list(p["measured"]), ["2"])  # one compile, at L = 2
+      self.assertIsNone(p["per_layer_bytes"])
+      self.assertEqual(p["temp_bytes"], p["measured"]["2"]["temp_bytes"])
 
   def test_state_bytes_shrink_on_fsdp(self):
     fv = _flag_values()
@@ -160,8 +170,9 @@ class MemoryBenchmarkTest(absltest.TestCase):
         (("--meshes=data:3",), "config.mesh='data:3'"),
         (("--config.rollout.num_groups=4", "--meshes=data:8"),  # 2 of 4 groups kept
          "config.mesh='data:8': the 4 trained rows"),
-        (("--meshes=data:1", "--layers=2,1"), "two layer counts a < b"),
-        (("--meshes=data:1", "--layers=1"), "two layer counts a < b"),
+        (("--meshes=data:1", "--layers=2,1"), "two counts a < b"),
+        (("--meshes=data:1", "--layers=0"), "one layer count n >= 1"),
+        (("--meshes=data:1", "--layers=1,2,3"), "two counts a < b"),
         (("--meshes=data:1", "--layers=1,x"), "must be ints")):
       with self.subTest(args=args):
         with self.assertRaisesRegex(ValueError, re.escape(message)):

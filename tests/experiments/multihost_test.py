@@ -188,8 +188,8 @@ class MultiProcessTest(absltest.TestCase):
     _, steps, want = _restore(self.ref_workdir, "")
     self.assertEqual(steps, [0, _STEPS])
     _, _, initial = _restore(self.ref_workdir, "", step=0)
-    moved = np.max(np.abs(np.asarray(want.params.layers[0].wq)
-                          - np.asarray(initial.params.layers[0].wq)))
+    moved = np.max(np.abs(np.asarray(want.params.layers.wq[0])
+                          - np.asarray(initial.params.layers.wq[0])))
     self.assertGreater(moved, 1e-5)  # 30x the tolerance
     for mesh in ("data:2,fsdp:2,tensor:2", ""):
       exp, steps, got = _restore(self.workdir, mesh)
@@ -207,10 +207,10 @@ class MultiProcessTest(absltest.TestCase):
       for (path, a), (_, b) in zip(g, w):
         scale = scales.get(path.split(".")[1].split("[")[0], 0.0)
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * scale, err_msg=path)
-      wq = got.params.layers[0].wq
+      wq = got.params.layers.wq
       if mesh:
         self.assertEqual(dict(wq.sharding.mesh.shape), dict(exp.mesh.shape))
-        self.assertEqual(wq.sharding.spec, jax.P("fsdp", "tensor"))
+        self.assertEqual(wq.sharding.spec, jax.P(None, "fsdp", "tensor"))
       else:
         self.assertLen(wq.sharding.device_set, 1)
 

@@ -134,21 +134,21 @@ class RulesTest(absltest.TestCase):
   def test_param_shardings_with_fallback(self):
     mesh = sharding.make_mesh("fsdp:2,tensor:4")
     sh = sharding.param_shardings(self.params, mesh)
-    layer = sh.layers[0]
+    layer = sh.layers  # every layer leaf leads with the replicated [L] axis
     self.assertEqual(sh.embed, _spec(mesh, "tensor", "fsdp"))      # [V, D]
     self.assertEqual(sh.lm_head, _spec(mesh, "fsdp", "tensor"))    # [D, V]
     self.assertEqual(sh.final_norm, _spec(mesh, "fsdp"))
-    self.assertEqual(layer.wq, _spec(mesh, "fsdp", "tensor"))      # [D, H=4, Dh]
-    self.assertEqual(layer.bq, _spec(mesh, "tensor"))              # [H=4, Dh]
+    self.assertEqual(layer.wq, _spec(mesh, None, "fsdp", "tensor"))  # [L, D, H=4, Dh]
+    self.assertEqual(layer.bq, _spec(mesh, None, "tensor"))        # [L, H=4, Dh]
     # K = 2 key/value heads do not split 4 ways: that dimension is replicated.
-    self.assertEqual(layer.wk, _spec(mesh, "fsdp"))                # [D, K=2, Dh]
+    self.assertEqual(layer.wk, _spec(mesh, None, "fsdp"))          # [L, D, K=2, Dh]
     self.assertEqual(layer.bk, _spec(mesh))
-    self.assertEqual(layer.wo, _spec(mesh, "tensor", None, "fsdp"))  # [H, Dh, D]
-    self.assertEqual(layer.w_down, _spec(mesh, "tensor", "fsdp"))  # [F, D]
+    self.assertEqual(layer.wo, _spec(mesh, None, "tensor", None, "fsdp"))  # [L, H, Dh, D]
+    self.assertEqual(layer.w_down, _spec(mesh, None, "tensor", "fsdp"))  # [L, F, D]
     # On (2,2,2) they split 2 ways.
     cube = sharding.param_shardings(self.params, sharding.make_mesh("data:2,fsdp:2,tensor:2"))
-    self.assertEqual(cube.layers[0].wk.spec, P("fsdp", "tensor"))
-    self.assertEqual(cube.layers[0].bk.spec, P("tensor"))
+    self.assertEqual(cube.layers.wk.spec, P(None, "fsdp", "tensor"))
+    self.assertEqual(cube.layers.bk.spec, P(None, "tensor"))
 
   def test_fallback_on_embed_and_vocab(self):
     odd = TRAIN_CFG.replace(embed_dim=12, vocab_size=66, mlp_dim=36, num_heads=2,
@@ -158,20 +158,21 @@ class RulesTest(absltest.TestCase):
     sh = sharding.param_shardings(params, mesh)
     # 12 % 8 != 0: embed replicated; tensor (size 1) divides everything.
     self.assertEqual(sh.embed.spec, P("tensor"))
-    self.assertEqual(sh.layers[0].w_up.spec, P(None, "tensor"))
+    self.assertEqual(sh.layers.w_up.spec, P(None, None, "tensor"))
     mesh = sharding.make_mesh("data:2,fsdp:2,tensor:2")
     sh = sharding.param_shardings(params, mesh)
     self.assertEqual(sh.embed.spec, P("tensor", "fsdp"))           # 66 % 2, 12 % 2
-    self.assertEqual(sh.layers[0].wk.spec, P("fsdp"))              # K = 1
+    self.assertEqual(sh.layers.wk.spec, P(None, "fsdp"))           # K = 1
     mesh = sharding.make_mesh("tensor:8")
     sh = sharding.param_shardings(params, mesh)
     self.assertEqual(sh.embed.spec, P(None, "fsdp"))               # 66 % 8 != 0
-    self.assertEqual(sh.layers[0].w_gate.spec, P("fsdp"))          # 36 % 8 != 0
+    self.assertEqual(sh.layers.w_gate.spec, P(None, "fsdp"))       # 36 % 8 != 0
     # Arrays placed with these shardings hold the right blocks.
     real = models.init(odd, jax.random.key(0))
     placed = jax.device_put(real, sharding.param_shardings(real, mesh))
     np.testing.assert_array_equal(placed.embed, real.embed)
-    self.assertEqual(placed.layers[0].wq.addressable_shards[0].data.shape, (12, 2, 4))
+    self.assertEqual(placed.layers.wq.addressable_shards[0].data.shape,
+                     (odd.num_layers, 12, 2, 4))
 
   def test_logical_to_sharding(self):
     mesh = sharding.make_mesh("data:2,fsdp:2,tensor:2")
@@ -287,8 +288,8 @@ class ShardedTrainStepTest(parameterized.TestCase):
     self.assertEqual(int(new.step), 1)
     self.assertEqual(int(new.num_updates), 2)
     # The update moved the parameters well beyond the tolerance.
-    moved = np.max(np.abs(np.asarray(want_state.params.layers[0].wq)
-                          - np.asarray(self.state.params.layers[0].wq)))
+    moved = np.max(np.abs(np.asarray(want_state.params.layers.wq[0])
+                          - np.asarray(self.state.params.layers.wq[0])))
     self.assertGreater(moved, 1e-4)
     # rtol 1e-5 of each array's scale: sharded sums add in another order.
     paths = jax.tree_util.tree_flatten_with_path(want_state)[0]
@@ -307,13 +308,15 @@ class ShardedTrainStepTest(parameterized.TestCase):
     for v in metrics.values():
       self.assertTrue(v.sharding.is_fully_replicated)
     data, fsdp, tensor = mesh.shape.values()
-    wq = new.params.layers[0].wq  # [D=16, H=4, Dh=4] over (fsdp, tensor)
-    self.assertEqual(wq.addressable_shards[0].data.shape, (16 // fsdp, 4 // tensor, 4))
-    mu = new.opt_state[1][0].mu.layers[0].wq
+    wq = new.params.layers.wq  # [L, D=16, H=4, Dh=4] over (-, fsdp, tensor)
+    num_layers = wq.shape[0]
+    self.assertEqual(wq.addressable_shards[0].data.shape,
+                     (num_layers, 16 // fsdp, 4 // tensor, 4))
+    mu = new.opt_state[1][0].mu.layers.wq
     self.assertEqual(mu.sharding, wq.sharding)
-    wk = new.params.layers[0].wk  # K = 2: split only when tensor divides it
+    wk = new.params.layers.wk  # K = 2: split only when tensor divides it
     self.assertEqual(wk.addressable_shards[0].data.shape,
-                     (16 // fsdp, 2 // tensor if 2 % tensor == 0 else 2, 4))
+                     (num_layers, 16 // fsdp, 2 // tensor if 2 % tensor == 0 else 2, 4))
     del data
 
   def test_errors(self):
@@ -481,7 +484,7 @@ class PlacementTest(absltest.TestCase):
     shardings = sharding.train_state_shardings(want, mesh)
     for (path, got), s in zip(jax.tree.leaves_with_path(placed), jax.tree.leaves(shardings)):
       self.assertEqual(got.sharding, s, jax.tree_util.keystr(path))
-    self.assertEqual(placed.params.layers[0].wq.sharding, shardings.params.layers[0].wq)
+    self.assertEqual(placed.params.layers.wq.sharding, shardings.params.layers.wq)
     host = sharding.to_host(placed)
     self.assertEqual(jax.tree.structure(host), jax.tree.structure(want))
     for got, w in zip(jax.tree.leaves(host), jax.tree.leaves(jax.device_get(want))):
@@ -539,8 +542,8 @@ class ShardedRLIterationTest(absltest.TestCase):
     for k, v in want_metrics.items():
       np.testing.assert_allclose(metrics[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
     self.assertGreater(float(want_metrics["rollout/sampled_tokens"]), 30)
-    moved = np.max(np.abs(np.asarray(want_state.params.layers[0].wq)
-                          - np.asarray(self.state.params.layers[0].wq)))
+    moved = np.max(np.abs(np.asarray(want_state.params.layers.wq[0])
+                          - np.asarray(self.state.params.layers.wq[0])))
     self.assertGreater(moved, 1e-4)
     paths = jax.tree_util.tree_flatten_with_path(want_state)[0]
     for (path, want), got in zip(paths, jax.tree.leaves(new)):
@@ -599,7 +602,7 @@ class ShardedSFTStepTest(absltest.TestCase):
       want = np.asarray(want)
       scale = float(np.max(np.abs(want))) if want.size and want.dtype.kind == "f" else 0.0
       np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5 * scale)
-    self.assertEqual(new.params.layers[0].wq.sharding, sh.params.layers[0].wq)
+    self.assertEqual(new.params.layers.wq.sharding, sh.params.layers.wq)
 
 
 if __name__ == "__main__":

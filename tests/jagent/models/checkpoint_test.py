@@ -85,10 +85,10 @@ class CheckpointTest(parameterized.TestCase):
       self.assertEqual(x.sharding, s)
     self.assertEqual(params.embed.sharding.spec, jax.P("model"))  # [V, D]: V over model
     plain, _ = models.load_hf_checkpoint(path)
-    np.testing.assert_array_equal(params.layers[1].w_up, plain.layers[1].w_up)
+    np.testing.assert_array_equal(params.layers.w_up, plain.layers.w_up)
     half, cfg16 = models.load_hf_checkpoint(path, param_dtype="bfloat16")
     self.assertEqual(cfg16.param_dtype, "bfloat16")
-    self.assertEqual(half.layers[0].wq.dtype, jax.numpy.bfloat16)
+    self.assertEqual(half.layers.wq.dtype, jax.numpy.bfloat16)
 
   def _broken_copy(self, tmp, mutate):
     src = FIXTURES / NAMES[0]

@@ -82,10 +82,10 @@ class LoraExportTest(parameterized.TestCase):
     self.assertEqual(tensors[pre + "self_attn.o_proj.lora_A.weight"].shape, (4, hq))
     self.assertEqual(tensors[pre + "mlp.down_proj.lora_A.weight"].shape, (4, config.mlp_dim))
     # delta W (HF [out, in]) = alpha / r * B_hf @ A_hf = (our A @ B).T
-    pair = lora.adapters[1]["down"]
+    pair = lora.adapters["down"]
     np.testing.assert_allclose(
         tensors[pre + "mlp.down_proj.lora_B.weight"] @ tensors[pre + "mlp.down_proj.lora_A.weight"],
-        (np.asarray(pair.a) @ np.asarray(pair.b)).T, atol=1e-6)
+        (np.asarray(pair.a[1]) @ np.asarray(pair.b[1])).T, atol=1e-6)
     self.assertEqual(back.config, lora.config)
     for x, y in zip(jax.tree.leaves(back.adapters), jax.tree.leaves(lora.adapters)):
       np.testing.assert_array_equal(x, y)

@@ -46,11 +46,14 @@ class LoraTest(parameterized.TestCase):
     np.testing.assert_array_equal(_logits(lora, self.tokens, cfg),
                                   _logits(base, self.tokens, cfg))
     # Every projection adapted, each A non-zero, each B zero.
-    self.assertLen(lora.adapters, cfg.num_layers)
-    self.assertEqual(set(lora.adapters[0]), set(models.LORA_MODULES))
-    for pair in lora.adapters[1].values():
-      self.assertGreater(float(jnp.abs(pair.a).max()), 0.0)
-      self.assertLessEqual(float(jnp.abs(pair.a).max()), 1.0 / np.sqrt(pair.a.shape[0]))
+    self.assertEqual(set(lora.adapters), set(models.LORA_MODULES))
+    for pair in lora.adapters.values():
+      self.assertEqual(pair.a.shape[0], cfg.num_layers)
+      self.assertEqual(pair.b.shape[0], cfg.num_layers)
+      for a in pair.a:  # each layer's A drawn, within its bound
+        self.assertGreater(float(jnp.abs(a).max()), 0.0)
+        self.assertLessEqual(float(jnp.abs(a).max()), 1.0 / np.sqrt(np.prod(a.shape[:-1])))
+      self.assertFalse(np.array_equal(pair.a[0], pair.a[1]))  # layers draw their own A
       np.testing.assert_array_equal(pair.b, 0.0)
 
   @parameterized.named_parameters(
@@ -72,12 +75,12 @@ class LoraTest(parameterized.TestCase):
     base = models.init(CFG, jax.random.key(0))
     lora = _randomize_b(models.init_lora(base, CFG, models.LoraConfig(
         rank=2, alpha=5.0, target_modules=("o",)), jax.random.key(2)), jax.random.key(3))
-    pair = lora.adapters[1]["o"]
-    a = np.asarray(pair.a).reshape(-1, 2)
-    want = np.asarray(base.layers[1].wo) + 2.5 * (a @ np.asarray(pair.b)).reshape(
-        base.layers[1].wo.shape)
-    np.testing.assert_allclose(models.merge_lora(lora).layers[1].wo, want, atol=1e-7)
-    np.testing.assert_array_equal(models.merge_lora(lora).layers[1].wq, base.layers[1].wq)
+    pair = lora.adapters["o"]
+    a = np.asarray(pair.a[1]).reshape(-1, 2)
+    want = np.asarray(base.layers.wo[1]) + 2.5 * (a @ np.asarray(pair.b[1])).reshape(
+        base.layers.wo.shape[1:])
+    np.testing.assert_allclose(models.merge_lora(lora).layers.wo[1], want, atol=1e-7)
+    np.testing.assert_array_equal(models.merge_lora(lora).layers.wq, base.layers.wq)
 
   def test_merged_and_unmerged_sampling_give_the_same_tokens(self):
     base = models.init(CFG, jax.random.key(0))
@@ -108,7 +111,7 @@ class LoraTest(parameterized.TestCase):
     lora = lora.replace(adapters=jax.tree.map(lambda x: 0.05 * x, lora.adapters))  # small A B
     unmerged = np.asarray(_logits(lora, self.tokens, CFG))
     merged = models.merge_lora(lora, min_dtype=jnp.float32)
-    layer = merged.layers[0]
+    layer = merged.layers
     self.assertEqual({getattr(layer, w).dtype for w in ("wq", "wk", "wv", "wo", "w_gate",
                                                         "w_up", "w_down")}, {jnp.dtype("float32")})
     self.assertEqual(merged.embed.dtype, jnp.bfloat16)  # not adapted: kept as it is
@@ -168,7 +171,8 @@ class LoraTest(parameterized.TestCase):
     self.assertLen(specs, len(leaves))
     for x, s in zip(leaves, specs):
       self.assertLen(s, x.ndim)
-    self.assertEqual(axes.adapters[0]["q"].a, jax.sharding.PartitionSpec("embed", "lora_rank"))
+    self.assertEqual(axes.adapters["q"].a,
+                     jax.sharding.PartitionSpec("layers", "embed", "lora_rank"))
 
   @parameterized.named_parameters(
       ("rank0", dict(rank=0), "LoraConfig.rank=0"),

@@ -48,14 +48,34 @@ class TransformerTest(chex.TestCase):
     cache = models.init_cache(CFG, B, S)
     for x, a in zip(jax.tree.leaves(cache), jax.tree.leaves(models.cache_axes(CFG))):
       self.assertLen(a, x.ndim)
-    chex.assert_shape(cache.k[0], (B, CFG.num_kv_heads, CFG.head_dim, S))
-    chex.assert_shape(cache.v[0], (B, CFG.num_kv_heads, S, CFG.head_dim))
+    chex.assert_shape(cache.k, (CFG.num_layers, B, CFG.num_kv_heads, CFG.head_dim, S))
+    chex.assert_shape(cache.v, (CFG.num_layers, B, CFG.num_kv_heads, S, CFG.head_dim))
     chex.assert_shape(self.full, (B, T, CFG.vocab_size))
+
+  def test_layers_are_one_scanned_block(self):
+    # The program is the same size at any depth: one block, scanned L times.
+    def size(num_layers, with_cache):
+      cfg = CFG.replace(num_layers=num_layers)
+      params = jax.eval_shape(lambda k: models.init(cfg, k), jax.random.key(0))
+      cache = models.init_cache(cfg, B, S) if with_cache else None
+
+      def fwd(p):
+        pos = jnp.broadcast_to(jnp.arange(T), (B, T))
+        return models.apply(p, self.tokens, pos, cache, config=cfg)[0]
+
+      jaxpr = jax.make_jaxpr(jax.grad(lambda p: fwd(p).sum()) if not with_cache else fwd)(
+          params)
+      text = str(jaxpr)
+      self.assertIn(f"length={num_layers}", text)
+      return len(text.splitlines())
+
+    for with_cache in (False, True):
+      self.assertEqual(size(2, with_cache), size(7, with_cache))
 
   def test_untied_qkv_biasless_variant(self):
     cfg = CFG.replace(family="llama", qkv_bias=False, tie_embeddings=False)
     p = models.init(cfg, jax.random.key(0))
-    self.assertIsNone(p.layers[0].bq)
+    self.assertIsNone(p.layers.bq)
     chex.assert_shape(p.lm_head, (cfg.embed_dim, cfg.vocab_size))
     self.assertEqual(sum(x.size for x in jax.tree.leaves(p)), cfg.num_params())
 
@@ -115,9 +135,8 @@ class TransformerTest(chex.TestCase):
     np.testing.assert_allclose(out[0], self.full, atol=1e-6)
 
   def test_remat_keeps_values_and_gradients(self):
-    # config.remat wraps each block in jax.checkpoint: same logits and
-    # gradients (XLA:CPU's memory analysis shows no saving from it: see
-    # docs/scaling.md, per-device memory).
+    # config.remat wraps the scanned block in jax.checkpoint: same logits
+    # and gradients.
     cfg = CFG.replace(remat=True)
 
     def loss(p, config):
@@ -132,7 +151,10 @@ class TransformerTest(chex.TestCase):
     def remat_blocks(config):  # jax.checkpoint's primitive prints as remat2
       return str(jax.make_jaxpr(loss, static_argnums=1)(self.params, config)).count("remat2[")
 
-    self.assertEqual(remat_blocks(cfg), CFG.num_layers)  # one per block
+    # One checkpointed block, the body of the layer scan (so every layer).
+    self.assertEqual(remat_blocks(cfg), 1)
+    jaxpr = str(jax.make_jaxpr(loss, static_argnums=1)(self.params, cfg))
+    self.assertLess(jaxpr.index("scan["), jaxpr.index("remat2["))
     self.assertEqual(remat_blocks(CFG), 0)
 
   def test_bfloat16_runs_close_to_float32(self):
@@ -148,7 +170,7 @@ class TransformerTest(chex.TestCase):
     rules = (("batch", "data"), ("mlp", "model"), ("q_heads", "model"), ("vocab", "model"))
     shard = sharding.tree_shardings(models.param_axes(CFG), self.params, mesh, rules)
     params = jax.device_put(self.params, shard)
-    self.assertEqual(params.layers[0].w_gate.sharding.spec, jax.P(None, "model"))
+    self.assertEqual(params.layers.w_gate.sharding.spec, jax.P(None, None, "model"))
     cache = models.init_cache(CFG, 4, S)
     cache = jax.device_put(cache, sharding.tree_shardings(models.cache_axes(CFG), cache, mesh,
                                                           rules))

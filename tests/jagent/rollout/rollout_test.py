@@ -68,8 +68,8 @@ def bigram_params(reply: str, key=0, eos: bool = False) -> models.Params:
   head = np.zeros((MICRO.embed_dim, MICRO.vocab_size))
   for a, b in succ.items():
     head[:, b] += 40.0 * unit[a] * np.sqrt(MICRO.embed_dim)
-  layers = tuple(l.replace(wo=jnp.zeros_like(l.wo), w_down=jnp.zeros_like(l.w_down))
-                 for l in p.layers)
+  layers = p.layers.replace(wo=jnp.zeros_like(p.layers.wo),
+                            w_down=jnp.zeros_like(p.layers.w_down))
   return p.replace(embed=jnp.asarray(e, jnp.float32), layers=layers,
                    lm_head=jnp.asarray(head, jnp.float32))
 

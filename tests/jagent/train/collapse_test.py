@@ -40,10 +40,10 @@ def _policy(attention: bool) -> models.Params:
   reply's distribution ignores everything but the tokens before it."""
   p = models.init(CFG, jax.random.key(0))
   k = jax.random.split(jax.random.key(1), 4)
-  lay = p.layers[0]
+  lay = jax.tree.map(lambda x: x[:1], p.layers)  # the first layer only
   lay = lay.replace(wq=jnp.zeros_like(lay.wq), wv=jax.random.normal(k[0], lay.wv.shape),
                     wo=jax.random.normal(k[1], lay.wo.shape) * float(attention))
-  return p.replace(embed=jax.random.normal(k[2], p.embed.shape), layers=(lay,),
+  return p.replace(embed=jax.random.normal(k[2], p.embed.shape), layers=lay,
                    lm_head=0.3 * jax.random.normal(k[3], p.lm_head.shape))
 
 

@@ -17,8 +17,7 @@ TINY = models.get_config("tiny")
 
 def _zero_layers(params):
   """Every layer weight zero: attention and MLP add nothing to the residual."""
-  layers = tuple(jax.tree.map(jnp.zeros_like, lp) for lp in params.layers)
-  return params.replace(layers=layers)
+  return params.replace(layers=jax.tree.map(jnp.zeros_like, params.layers))
 
 
 class TokenLogprobsTest(chex.TestCase):

@@ -104,8 +104,8 @@ class LoraTrainTest(absltest.TestCase):
     self.assertEqual(float(m["first_minibatch/policy/ratio"]), 1.0)
     _assert_same(self, new.params.base, state.params.base)
     self.assertIs(new.params.config, LORA)
-    b_before = state.params.adapters[0]["q"].b
-    self.assertGreater(float(jnp.abs(new.params.adapters[0]["q"].b - b_before).max()), 0.0)
+    b_before = state.params.adapters["q"].b[0]
+    self.assertGreater(float(jnp.abs(new.params.adapters["q"].b[0] - b_before).max()), 0.0)
     # The next step's reference is still the base, the policy has moved.
     _, m2 = train.train_step(new, _batch(), objective=OBJ, config=TC)
     self.assertNotEqual(float(m2["actor/ref_kl_k1"]), 0.0)
@@ -119,7 +119,7 @@ class LoraTrainTest(absltest.TestCase):
     # The same step without dropout moves the adapters differently (B: A has
     # no gradient while B is zero).
     b, _ = train.sft_step(_state(), batch, config=TC)
-    self.assertFalse(np.array_equal(a.params.adapters[0]["up"].b, b.params.adapters[0]["up"].b))
+    self.assertFalse(np.array_equal(a.params.adapters["up"].b, b.params.adapters["up"].b))
 
   def test_checkpoint_holds_adapters_only_and_resumes_exactly(self):
     workdir = tempfile.mkdtemp()
