@@ -401,13 +401,14 @@ def hidden_states(
           zero(1) if dv is None else dv[:, :, :, None]], axis=3)
     q, k, v = _qkv_projection(h_btd, lp, cos, sin, dt, qkv_delta)
     if cache is None:
-      o = _attention.causal_attention(q, k, v, mask, dt)
+      o = _attention.causal_attention(q, k, v, mask, dt, c.attention_impl)
       k_all = v_all = None
     else:
       # Advanced indices on two axes put them first: updates are [B, T, K, Dh].
       k_all = k_cache.at[rows, :, :, slots].set(k.astype(k_cache.dtype), mode="drop")
       v_all = v_cache.at[rows, :, slots, :].set(v.astype(v_cache.dtype), mode="drop")
-      o = _attention.cached_attention(q, k_all.astype(dt), v_all.astype(dt), slots, needed, dt)
+      o = _attention.cached_attention(q, k_all.astype(dt), v_all.astype(dt), slots, needed, dt,
+                                      c.attention_impl)
     o = o.reshape(b, t, c.num_heads, c.head_dim)
     attn_out = _dense(o.reshape(b, t, c.num_heads * c.head_dim),
                       lp.wo.astype(dt).reshape(c.num_heads * c.head_dim, -1))
