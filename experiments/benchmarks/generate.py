@@ -1,6 +1,7 @@
 r"""Generation throughput: ours vs transformers on PyTorch CPU, and the roofline.
 
     python -m experiments.benchmarks.generate [--batch=64] [--prompt=32] [--new=128]
+        [--attention_impls=auto]
 
 For the ``tiny`` and ``small-10m`` configs (random weights, float32):
 - ``ours``: generated tokens/s of ``jagent.models.generate`` (one jit: prefill
@@ -23,8 +24,13 @@ For the ``tiny`` and ``small-10m`` configs (random weights, float32):
   (at batch 64 the ~10M config is compute-bound on a 2-core AVX2 CPU, so the
   memory roofline alone cannot be reached there).
 
-Prints a table and one JSON line per config. Speed is measured here, never in
-tests.
+With several ``--attention_impls`` (``ModelConfig.attention_impl`` values,
+e.g. ``reference,xla``) each config gets one row per implementation, all
+timed in the same interleaved rounds; ``x first`` is a row's generation
+time over the first implementation's.
+
+Prints a table and one JSON line per config and implementation. Speed is
+measured here, never in tests.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ _NEW = flags.DEFINE_integer("new", 128, "New tokens per row.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats; the best is reported.")
 _CONFIGS = flags.DEFINE_list("configs", ["tiny", "small-10m"], "Named model configs.")
 _HF = flags.DEFINE_bool("hf", True, "Also time transformers (if installed).")
+_IMPLS = flags.DEFINE_list("attention_impls", ["auto"],
+                           "ModelConfig.attention_impl values timed side by side.")
 
 
 def ours(params, config, prompt, new):
@@ -135,48 +143,56 @@ def main(argv):
   rate = roofline.matmul_flops_per_s()
   print(f"devices={jax.devices()} copy bandwidth {bw / 1e9:.1f} GB/s; matmul "
         f"{rate / 1e9:.0f} GFLOP/s; batch {b}, prompt {p}, new {n}")
-  header = (f"{'config':>10} {'params':>8} {'ours tok/s':>11} {'hf tok/s':>9} {'ratio':>6} "
-            f"{'decode ms':>9} {'roofline ms':>11} {'x roof':>6} {'compute ms':>10} "
-            f"{'x max':>6}")
+  impls = _IMPLS.value
+  for impl in impls:
+    models.ModelConfig(attention_impl=impl)  # a bad name fails before any compile
+  header = (f"{'config':>10} {'impl':>9} {'params':>8} {'ours tok/s':>11} {'hf tok/s':>9} "
+            f"{'ratio':>6} {'x first':>7} {'decode ms':>9} {'roofline ms':>11} {'x roof':>6} "
+            f"{'compute ms':>10} {'x max':>6}")
   skipped = hf_missing(_HF.value)
   if skipped:
     print(f"hf column empty: {skipped}")
   print(header)
   rows = []
   for name in _CONFIGS.value:
-    config = models.get_config(name)
-    params = models.init(config, jax.random.key(0))
-    prompt = jax.random.randint(jax.random.key(1), (b, p), 3, config.vocab_size)
-    fns = {"ours": (ours(params, config, prompt, n), jax.block_until_ready)}
-    hf_run = None if skipped else hf_generate(params, config, prompt, n)
+    base = models.get_config(name)
+    params = models.init(base, jax.random.key(0))
+    prompt = jax.random.randint(jax.random.key(1), (b, p), 3, base.vocab_size)
+    configs = {impl: base.replace(attention_impl=impl) for impl in impls}
+    fns = {impl: (ours(params, configs[impl], prompt, n), jax.block_until_ready)
+           for impl in impls}
+    hf_run = None if skipped else hf_generate(params, base, prompt, n)
     if hf_run is not None:
       fns["hf"] = (hf_run, lambda _: None)
     best = {k: min(v) for k, v in timing.interleaved_seconds(fns, _REPEATS.value).items()}
-    ours_tps = b * n / best["ours"]
     hf_tps = b * n / best["hf"] if "hf" in best else None
     slots = p + n
-    step = decode_step_seconds(params, config, b, p, n, _REPEATS.value)
-    weight_bytes, kv_bytes = roofline.decode_step_bytes(params, config, b, slots)
+    weight_bytes, kv_bytes = roofline.decode_step_bytes(params, base, b, slots)
     roof = (weight_bytes + kv_bytes) / bw
-    compute = roofline.decode_step_flops(config, b, slots) / rate
-    times_max = step / max(roof, compute)
-    row = dict(config=name, params=config.num_params(), batch=b, prompt=p, new=n,
-               ours_tokens_per_s=round(ours_tps, 1),
-               hf_tokens_per_s=None if hf_tps is None else round(hf_tps, 1),
-               ratio=None if hf_tps is None else round(ours_tps / hf_tps, 2),
-               hf_skipped=skipped,
-               decode_step_ms=round(step * 1e3, 3), roofline_ms=round(roof * 1e3, 3),
-               times_roofline=round(step / roof, 2), weight_mb=round(weight_bytes / 1e6, 2),
-               kv_mb=round(kv_bytes / 1e6, 2), copy_gb_per_s=round(bw / 1e9, 2),
-               compute_roofline_ms=round(compute * 1e3, 3),
-               times_max_roofline=round(times_max, 2),
-               matmul_gflop_per_s=round(rate / 1e9, 1))
-    rows.append(row)
-    hf_s = "-" if hf_tps is None else f"{hf_tps:9.0f}"
-    ratio = "-" if hf_tps is None else f"{ours_tps / hf_tps:6.2f}"
-    print(f"{name:>10} {config.num_params() / 1e6:7.2f}M {ours_tps:11.0f} {hf_s:>9} {ratio:>6} "
-          f"{step * 1e3:9.3f} {roof * 1e3:11.3f} {step / roof:6.2f} {compute * 1e3:10.3f} "
-          f"{times_max:6.2f}")
+    compute = roofline.decode_step_flops(base, b, slots) / rate
+    for impl in impls:
+      config = configs[impl]
+      ours_tps = b * n / best[impl]
+      x_first = best[impl] / best[impls[0]]
+      step = decode_step_seconds(params, config, b, p, n, _REPEATS.value)
+      times_max = step / max(roof, compute)
+      row = dict(config=name, attention_impl=impl, params=config.num_params(), batch=b,
+                 prompt=p, new=n, ours_tokens_per_s=round(ours_tps, 1),
+                 hf_tokens_per_s=None if hf_tps is None else round(hf_tps, 1),
+                 ratio=None if hf_tps is None else round(ours_tps / hf_tps, 2),
+                 hf_skipped=skipped, times_first_impl=round(x_first, 3),
+                 decode_step_ms=round(step * 1e3, 3), roofline_ms=round(roof * 1e3, 3),
+                 times_roofline=round(step / roof, 2), weight_mb=round(weight_bytes / 1e6, 2),
+                 kv_mb=round(kv_bytes / 1e6, 2), copy_gb_per_s=round(bw / 1e9, 2),
+                 compute_roofline_ms=round(compute * 1e3, 3),
+                 times_max_roofline=round(times_max, 2),
+                 matmul_gflop_per_s=round(rate / 1e9, 1))
+      rows.append(row)
+      hf_s = "-" if hf_tps is None else f"{hf_tps:9.0f}"
+      ratio = "-" if hf_tps is None else f"{ours_tps / hf_tps:6.2f}"
+      print(f"{name:>10} {impl:>9} {config.num_params() / 1e6:7.2f}M {ours_tps:11.0f} "
+            f"{hf_s:>9} {ratio:>6} {x_first:7.3f} {step * 1e3:9.3f} {roof * 1e3:11.3f} "
+            f"{step / roof:6.2f} {compute * 1e3:10.3f} {times_max:6.2f}")
   for row in rows:
     print(json.dumps(row))
 

@@ -16,6 +16,9 @@ import jax.numpy as jnp
 FAMILIES = ("qwen2", "llama")
 ROPE_TYPES = ("default", "llama3")
 DTYPES = ("float32", "bfloat16", "float16")
+# Attention implementations (jagent.models._attention): "auto" picks one per
+# platform at trace time.
+ATTENTION_IMPLS = ("auto", "reference", "xla", "cudnn", "pallas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +58,15 @@ class ModelConfig:
       ``S x F``), for about one more forward pass of compute. Values and
       gradients are unchanged; sampling (with a cache) is unaffected.
     param_dtype: parameter dtype name.
+    attention_impl: which attention kernel runs, one of ``ATTENTION_IMPLS``:
+      "auto" (the default: the reference on CPU, cuDNN's fused attention on
+      GPU where dtype and shapes allow, the Pallas flash kernel on TPU where
+      shapes allow, else XLA), "reference" (jagent's own XLA code), "xla"
+      (``jax.nn.dot_product_attention(implementation="xla")``), "cudnn"
+      (GPU only) or "pallas" (TPU only). The outputs agree up to rounding.
+      A runtime choice, not part of the architecture: it is not written to a
+      Hugging Face config.json and reads back as "auto". See
+      :mod:`jagent.models._attention`.
     bos_id, eos_id, pad_id: special token ids (None when the family has none);
       ``pad_id`` is what the sampler writes after a row stops.
 
@@ -86,6 +98,7 @@ class ModelConfig:
   bos_id: int | None = None
   eos_id: int | None = None
   pad_id: int = 0
+  attention_impl: str = "auto"
 
   def __post_init__(self):
     def bad(field, why):
@@ -116,6 +129,8 @@ class ModelConfig:
     for f in ("dtype", "param_dtype"):
       if getattr(self, f) not in DTYPES:
         bad(f, f"must be one of {DTYPES}")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      bad("attention_impl", f"must be one of {ATTENTION_IMPLS}")
     for f in ("bos_id", "eos_id"):
       v = getattr(self, f)
       if v is not None and not 0 <= v < self.vocab_size:

@@ -479,7 +479,7 @@ def hidden_states(
     def body(x, xs):
       lp, la, i = xs
       (q, k, v), finish = block(x, _block_weights(lp, dt), la, layer_key(i))
-      return finish(_attention.causal_attention(q, k, v, mask, dt)), None
+      return finish(_attention.causal_attention(q, k, v, mask, dt, c.attention_impl)), None
 
     # config.remat: a backward pass keeps only each block's input and
     # recomputes the block (prevent_cse=False: the scan already keeps XLA from
@@ -502,7 +502,8 @@ def hidden_states(
     v_cache = v_cache.at[i, rows, :, slots, :].set(v.astype(v_cache.dtype), mode="drop")
     k_all = jax.lax.dynamic_index_in_dim(k_cache, i, keepdims=False)
     v_all = jax.lax.dynamic_index_in_dim(v_cache, i, keepdims=False)
-    o = _attention.cached_attention(q, k_all.astype(dt), v_all.astype(dt), slots, needed, dt)
+    o = _attention.cached_attention(q, k_all.astype(dt), v_all.astype(dt), slots, needed, dt,
+                                    c.attention_impl)
     return (finish(o), k_cache, v_cache), None
 
   (x, k_cache, v_cache), _ = jax.lax.scan(

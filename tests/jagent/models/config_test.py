@@ -16,7 +16,7 @@ class ConfigTest(parameterized.TestCase):
   @parameterized.parameters(
       ("vocab_size", 0), ("num_kv_heads", 3), ("head_dim", 7), ("family", "gpt2"),
       ("rope_type", "yarn"), ("dtype", "int8"), ("eos_id", 10_000), ("norm_eps", 0.0),
-      ("rope_theta", -1.0), ("num_layers", 1.5))
+      ("rope_theta", -1.0), ("num_layers", 1.5), ("attention_impl", "flash"))
   def test_invalid_field_raises_naming_it(self, field, value):
     with self.assertRaisesRegex(ValueError, f"ModelConfig.{field}="):
       models.get_config("tiny", **{field: value})
@@ -59,6 +59,14 @@ class ConfigTest(parameterized.TestCase):
     for name in models.config_names():
       c = models.get_config(name)
       self.assertEqual(models.config_from_hf(models.config_to_hf(c)), c)
+
+  def test_attention_impl_stays_out_of_hf_dict(self):
+    # A runtime choice, not architecture: never exported, "auto" on import.
+    c = models.get_config("tiny", attention_impl="xla")
+    hf = models.config_to_hf(c)
+    self.assertEqual(hf, models.config_to_hf(c.replace(attention_impl="auto")))
+    self.assertEqual(models.config_from_hf(hf).attention_impl, "auto")
+    self.assertEqual(models.config_from_hf(hf, attention_impl="xla"), c)
 
   @parameterized.parameters(
       ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}, "unsupported architecture"),
