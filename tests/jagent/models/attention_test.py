@@ -161,8 +161,7 @@ class AttentionTest(parameterized.TestCase):
       # Prefill 6 tokens into a cache already holding 0, 2 and 5 slots, then
       # decode one token.
       cache = models.init_cache(config, b, 16, lengths=jnp.array([0, 2, 5]))
-      cache = models.KVCache(k=tuple(jnp.ones_like(x) for x in cache.k),
-                             v=tuple(jnp.ones_like(x) for x in cache.v), lengths=cache.lengths)
+      cache = cache.replace(k=jnp.ones_like(cache.k), v=jnp.ones_like(cache.v))
       p_pos = cache.lengths[:, None] + jnp.arange(6)[None]
       prefill, cache = models.apply(params, tokens[:, :6], p_pos, cache, config=config)
       decode, _ = models.apply(params, tokens[:, 6:7], cache.lengths[:, None], cache,
