@@ -1,6 +1,6 @@
 r"""Regenerates the Hugging Face parity fixtures under tests/fixtures/.
 
-    pip install -e '.[hf]'   # torch==2.13.0 + transformers 5 (fixtures only)
+    pip install -c constraints.txt -e '.[hf]'   # torch 2.13.0 + transformers 5.25.0 (fixtures only)
     python -m experiments.make_hf_fixtures [--out=tests/fixtures]
 
 Builds two tiny random checkpoints with ``transformers`` and saves each with

@@ -4,6 +4,7 @@ import pathlib
 
 from absl.testing import absltest
 import numpy as np
+import pytest
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 
@@ -14,6 +15,7 @@ def tour_source() -> str:
   return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
+@pytest.mark.smoke
 class ReadmeTourTest(absltest.TestCase):
 
   def test_tour_runs_100_random_steps_of_1024_levels(self):

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import envs_jax
 from envs_jax._src import sokoban
@@ -156,6 +157,7 @@ class DynamicsTest(parameterized.TestCase):
     self.assertTrue(bool(info["success"]))
     self.assertEqual(int(info["boxes_on_target"]), 2)
 
+  @pytest.mark.smoke
   def test_reference_three_step_example(self):
     # gym-sokoban's rewards: solved in 3 steps = -0.1, -0.1, +10.9.
     s0 = make_level(
@@ -374,6 +376,7 @@ class RegistrationTest(parameterized.TestCase):
 
 class JitVmapTest(absltest.TestCase):
 
+  @pytest.mark.smoke
   def test_vmap_over_keys_and_params_and_scan(self):
     env, params = envs_jax.make("Sokoban-6x6-1box-v0")
     batch = 16

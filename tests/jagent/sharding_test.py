@@ -470,6 +470,7 @@ class ShardedEvaluateTest(absltest.TestCase):
 class PlacementTest(absltest.TestCase):
   """``place_state`` / ``train_state_target`` / ``to_host`` on the cube mesh."""
 
+  @pytest.mark.smoke
   def test_place_gather_and_restore_target(self):
     config = train.TrainConfig(model=TRAIN_CFG, actor_optimizer=train.OptimizerConfig(
         learning_rate=1e-3))

@@ -7,6 +7,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jagent import losses
 
@@ -21,6 +22,7 @@ _OLD = np.full(5, -1.0, np.float32)
 _NEW = _OLD + np.log(_RATIOS)
 
 
+@pytest.mark.smoke
 class PpoClipTest(chex.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)

@@ -15,6 +15,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 import numpy as np
+import pytest
 import safetensors.numpy
 
 from jagent import models
@@ -33,6 +34,7 @@ def _forward(params, config, ids):
 class CheckpointTest(parameterized.TestCase):
 
   @parameterized.parameters(*NAMES)
+  @pytest.mark.smoke
   def test_logits_match_transformers(self, name):
     params, config = models.load_hf_checkpoint(str(FIXTURES / name))
     ref = np.load(FIXTURES / name / "reference.npz")
@@ -40,6 +42,7 @@ class CheckpointTest(parameterized.TestCase):
     self.assertLessEqual(diff, 1e-4)
 
   @parameterized.parameters(*NAMES)
+  @pytest.mark.smoke
   def test_greedy_continuation_matches_transformers(self, name):
     params, config = models.load_hf_checkpoint(str(FIXTURES / name))
     ref = np.load(FIXTURES / name / "reference.npz")
@@ -50,6 +53,7 @@ class CheckpointTest(parameterized.TestCase):
     np.testing.assert_array_equal(out.tokens, ref["greedy"])
 
   @parameterized.parameters((NAMES[0], None), (NAMES[1], None), (NAMES[0], 100_000))
+  @pytest.mark.smoke
   def test_load_export_load_is_exact(self, name, shard_bytes):
     params, config = models.load_hf_checkpoint(str(FIXTURES / name))
     with tempfile.TemporaryDirectory() as tmp:

@@ -7,6 +7,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jagent import models
 from jagent import sharding
@@ -37,6 +38,7 @@ class TransformerTest(chex.TestCase):
     cls.tokens = jax.random.randint(jax.random.key(1), (B, T), 0, CFG.vocab_size)
     cls.full = np.asarray(_full(cls.params, cls.tokens))
 
+  @pytest.mark.smoke
   def test_shapes_dtypes_and_axes_match(self):
     leaves = jax.tree.leaves(self.params)
     axes = jax.tree.leaves(models.param_axes(CFG))

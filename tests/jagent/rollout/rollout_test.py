@@ -238,6 +238,7 @@ class RolloutPropertiesTest(parameterized.TestCase):
     cls.params = random_params(2)
     cls.traj = fn(cls.params, jax.random.key(7))
 
+  @pytest.mark.smoke
   def test_sampler_logprobs_equal_full_forward(self):
     t = self.traj
     s = t.tokens.shape[1]
@@ -247,8 +248,10 @@ class RolloutPropertiesTest(parameterized.TestCase):
     full = jnp.take_along_axis(logp[:, :-1], t.tokens[:, 1:, None], axis=-1)[..., 0]
     mask = np.asarray(t.loss_mask)[:, 1:]
     self.assertGreater(mask.sum(), 50)
+    # float32 rounding: the cached decode and the full forward sum in other orders,
+    # which XLA versions fuse differently (jax 0.12: 1.07e-5 on a logprob of -2.55).
     np.testing.assert_allclose(np.asarray(full)[mask], np.asarray(t.logprobs)[:, 1:][mask],
-                               atol=1e-5)
+                               rtol=1e-5, atol=1e-5)
     self.assertFalse(np.asarray(t.loss_mask)[:, 0].any())
 
   def test_groups_start_identical_and_differ_across_groups(self):
@@ -266,6 +269,7 @@ class RolloutPropertiesTest(parameterized.TestCase):
       n = first_reply[g, 0]
       np.testing.assert_array_equal(toks[g, :, :n], toks[g, :1, :n].repeat(4, axis=0))
 
+  @pytest.mark.smoke
   def test_same_key_same_trajectories(self):
     again = self.fn(self.params, jax.random.key(7))
     for f in FIELDS + ("logprobs",):
@@ -279,6 +283,7 @@ class RolloutPropertiesTest(parameterized.TestCase):
     b = self.fn(self.params, jax.random.key(2), keys)
     np.testing.assert_array_equal(a.anchor_hashes[:, 0], b.anchor_hashes[:, 0])
 
+  @pytest.mark.smoke
   def test_trajectory_batch_and_metrics(self):
     batch = train.trajectory_batch(self.traj)
     self.assertEqual(batch.group_size, 4)

@@ -14,6 +14,7 @@ import hypothesis
 from hypothesis import strategies as st
 import jax
 import numpy as np
+import pytest
 
 from jagent import tokenizers
 
@@ -57,6 +58,7 @@ class TinyTokenizerTest(parameterized.TestCase):
       text = "".join(symbols[s] for s in seq)
       self.assertEqual(TINY.encode(text), [int(ids[s]) for s in seq], repr(text))
 
+  @pytest.mark.smoke
   def test_reply_tags_are_one_token_each(self):
     tags = tokenizers.TINY_TAGS
     ids = [TINY.encode(t) for t in tags]
@@ -73,6 +75,7 @@ class TinyTokenizerTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "'Sokoban'.*not one context-free token"):
       TINY.symbol_ids(("Sokoban",))
 
+  @pytest.mark.smoke
   def test_chat_template(self):
     msgs = [{"role": "user", "content": "Turn 1:\n#_P#"}]
     text = TINY.apply_chat_template(msgs)

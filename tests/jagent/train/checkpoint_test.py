@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from jagent import models
 from jagent import tokenizers
@@ -56,6 +57,7 @@ class CheckpointTest(absltest.TestCase):
     self.workdir = tempfile.mkdtemp()
     self.addCleanup(shutil.rmtree, self.workdir, ignore_errors=True)
 
+  @pytest.mark.smoke
   def test_round_trip_is_exact_and_resumes(self):
     state = _state()
     state, _ = train.sft_step(state, _batch(), config=TC)  # non-trivial opt state

@@ -5,6 +5,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jagent import models
 from jagent import train
@@ -46,6 +47,7 @@ class TrainStepTest(chex.TestCase):
     cls.state = train.init_train_state(PARAMS, jax.random.key(0), config=TC,
                                        objective=OBJ)
 
+  @pytest.mark.smoke
   def test_epochs_and_minibatches(self):
     state, m = train.train_step(self.state, _batch(REWARDS), objective=OBJ,
                                 config=TC)
