@@ -910,7 +910,8 @@ class Experiment:
   Raises:
     ValueError: from :func:`validate` (a bad ``config.mesh``, or one that
       does not use exactly ``devices`` or does not divide the batch rows,
-      named as ``config.mesh``), or when the context cannot hold a turn
+      named as ``config.mesh``), a ``config.model_dir`` without a
+      ``config.json``, or when the context cannot hold a turn
       (``rollout.max_tokens_per_turn`` etc.); all before anything compiles.
   """
 
@@ -919,6 +920,9 @@ class Experiment:
     spec = config.get("mesh", "")  # absent in runs saved before the field
     validate(config, None if devices is None else len(devices))
     self.config = c = config
+    if c.model_dir and not os.path.isfile(os.path.join(c.model_dir, "config.json")):
+      raise _bad("model_dir", c.model_dir, "no config.json there: a Hugging Face model directory "
+                 "is needed (e.g. a run's <workdir>/policy)")
     # "tiny": the shipped sentencepiece model; "": the model directory's
     # tokenizer.json; else a directory holding a tokenizer.json.
     self.tokenizer = (tokenizers.load_tiny_tokenizer() if c.tokenizer == "tiny"
@@ -1388,6 +1392,39 @@ class Experiment:
   def checkpointer(self, workdir: str) -> train.Checkpointer:
     """The run's checkpoints, in ``<workdir>/checkpoints``."""
     return train.Checkpointer(workdir, keep=self.config.checkpoint.keep, async_save=False)
+
+  def restore_newest(self, ckpt: train.Checkpointer, workdir: str
+                     ) -> tuple[int, train.TrainState, dict, list[str]]:
+    """The newest checkpoint of ``workdir`` that reads back, on :meth:`rl_state_target`.
+
+    A checkpoint whose files are damaged (truncated, corrupted) is skipped
+    rather than ending the run: the one before it holds everything but the
+    steps since, which a resumed run trains again (bit for bit), and an
+    evaluation says which step it played. The skipped one stays on disk
+    (``jagent.train.Checkpointer.restore_readable``).
+
+    Args:
+      ckpt: the run's :meth:`checkpointer` (with at least one checkpoint).
+      workdir: the run directory (``--workdir``), named in the messages.
+
+    Returns:
+      ``(step, state, metadata, lines)``: the restored step, state and
+      metadata, and one line per skipped checkpoint, e.g. ``skipped
+      checkpoint 40 of /w: unreadable (OUT_OF_RANGE: ...); it stays on disk;
+      using checkpoint 30``.
+
+    Raises:
+      ConfigError: no checkpoint reads back: naming the directory, each
+        checkpoint's error and what to do.
+    """
+    try:
+      step, state, meta, skipped = ckpt.restore_readable(self.rl_state_target())
+    except train.CheckpointError as e:
+      raise ConfigError(f"--workdir={workdir}: {e}. Remove {ckpt.directory} to start the run "
+                        "over (its config.json stays), or pass a new --workdir.") from e
+    lines = [f"skipped checkpoint {s} of {workdir}: unreadable ({why}); it stays on disk; "
+             f"using checkpoint {step}" for s, why in skipped]
+    return step, state, meta, lines
 
   def export(self, workdir: str, params) -> None:
     """Writes the policy as a Hugging Face directory ``<workdir>/policy``.

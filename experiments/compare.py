@@ -213,6 +213,7 @@ def _define_flags():
 def main(argv):
   del argv
   fl = flags.FLAGS
+  cli.check_writable(fl.runs_dir, "--runs_dir")
   common.setup_compilation_cache()
   if fl.seeds > 1:
     os.makedirs(fl.runs_dir, exist_ok=True)

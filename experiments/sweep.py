@@ -529,6 +529,7 @@ def _define_flags():
 def main(argv):
   del argv
   fl = flags.FLAGS
+  cli.check_writable(fl.workdir, "--workdir")  # written after the sweep: refused before it
   common.setup_compilation_cache()
   summary = sweep(fl.config, fl.workdir, seeds=fl.seeds, sweep_spec=fl.sweep,
                   batching=fl.batching)
