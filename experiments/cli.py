@@ -146,7 +146,7 @@ def _exit(error: BaseException):
 def _verbose() -> bool:
   """Whether ``--verbosity`` asks for debug output (>= 1): tracebacks are shown then."""
   try:
-    return flags.FLAGS["verbosity"].present and flags.FLAGS.verbosity >= 1
+    return flags.FLAGS.verbosity >= 1
   except (KeyError, flags.UnparsedFlagAccessError):
     return False
 

@@ -238,14 +238,14 @@ def initialize_distributed(distributed: bool, coordinator_address: str | None = 
                              ("process_id", process_id)) if v is not None}
   if not distributed:
     if given:
-      raise ValueError(f"--{next(iter(given))}={next(iter(given.values()))!r} needs "
+      raise common.ConfigError(f"--{next(iter(given))}={next(iter(given.values()))!r} needs "
                        "--distributed.")
     return
   if num_processes is not None and num_processes < 1:
-    raise ValueError(f"--num_processes={num_processes!r} must be >= 1.")
+    raise common.ConfigError(f"--num_processes={num_processes!r} must be >= 1.")
   if process_id is not None and (process_id < 0 or (
       num_processes is not None and process_id >= num_processes)):
-    raise ValueError(f"--process_id={process_id!r} must be in [0, --num_processes="
+    raise common.ConfigError(f"--process_id={process_id!r} must be in [0, --num_processes="
                      f"{num_processes}).")
   jax.distributed.initialize(coordinator_address=coordinator_address,
                              num_processes=num_processes, process_id=process_id)
