@@ -589,6 +589,7 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   summary = {"env": c.env, "algorithm": c.algorithm, "field": field, "batching": batching,
              "rl_steps": c.rl.steps, "runs": out_runs, "num_levels": c.eval.num_levels,
              "held_out_removed": int(getattr(exp, "eval_levels_removed", 0)),
+             "held_out_base_runs": list(getattr(exp, "held_out_base_runs", [])),
              "shared_base": bool(frozen),
              "groups": groups, "seconds": {k: round(v, 2) for k, v in seconds.items()}}
   if workdir:
