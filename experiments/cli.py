@@ -18,15 +18,28 @@ while it parses, and a field the config lacks ends in a ~30-line
 plain absl flags, whose unknown names absl already reports on one line with
 the closest ones, and it runs through :func:`run` too, so a bad value of
 them, e.g. ``--env`` or ``--num_levels``, also ends in one line.)
+
+The same one line (:func:`checked`) ends every other failure a user can fix:
+a ``--config.model_dir`` that is no model directory, a run directory that
+cannot be written (:func:`check_writable`, before any work) or whose
+checkpoints none read back, and any ``OSError`` (a full disk, a file that
+vanished). ``--verbosity=1`` also prints the traceback above the line. A
+SIGTERM ends the program with one line saying it stopped (and, for
+``experiments.train``, which checkpoint a rerun of the same command resumes
+from), exit status 143 (128 + 15, as the signal's default would).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import pathlib
 import re
+import signal
 import sys
+import threading
+import traceback
 from typing import Any, Callable, Sequence
 
 from absl import app
@@ -108,8 +121,66 @@ def check_config_argv(argv: Sequence[str], default: str = DEFAULT_CONFIG,
 _NONE_INSTEAD = {"dual_clip": "inf (no dual clip)", "value_clip": "inf (no value clipping)"}
 
 
-def _exit(error: common.ConfigError):
+# What ends a program with one ``error:`` line (exit status 1) instead of a
+# traceback: a bad config, flag or run directory (ConfigError), and the file
+# system's errors (a read-only or full disk, a missing file).
+USER_ERRORS = (common.ConfigError, OSError)
+
+# The exit status of a run ended by SIGTERM: 128 + the signal's number, as the
+# shell reports a process the signal's default action ended.
+TERMINATED_STATUS = 128 + signal.SIGTERM
+
+
+class Terminated(BaseException):
+  """A SIGTERM arrived (raised by the handler :func:`checked` installs).
+
+  A BaseException, as KeyboardInterrupt: library code's ``except Exception``
+  lets it through. Its message (if any) is the line the program ends with.
+  """
+
+
+def _exit(error: BaseException):
   sys.exit(f"error: {error}")
+
+
+def _verbose() -> bool:
+  """Whether ``--verbosity`` asks for debug output (>= 1): tracebacks are shown then."""
+  try:
+    return flags.FLAGS.verbosity >= 1
+  except (KeyError, flags.UnparsedFlagAccessError):
+    return False
+
+
+def _raise_terminated(signum, frame):
+  del signum, frame
+  raise Terminated()
+
+
+def check_writable(path: str, flag: str) -> None:
+  """Refuses a directory that cannot be created or written, before any work.
+
+  Checks ``path`` if it exists, else its nearest existing ancestor (which
+  the run would create it in): it must be a directory this process may write
+  (``os.access``; a read-only file system is refused even for root).
+
+  Args:
+    path: the output directory (e.g. ``--workdir``'s value).
+    flag: the flag that set it, named in the message (``"--workdir"``).
+
+  Raises:
+    ConfigError: naming ``flag=path``, why, and what to do.
+  """
+  target = os.path.abspath(path)
+  while not os.path.exists(target) and os.path.dirname(target) != target:
+    target = os.path.dirname(target)
+  why = None
+  if not os.path.isdir(target):
+    why = f"{target} is not a directory"
+  elif not os.access(target, os.W_OK | os.X_OK):
+    why = f"{target} is not writable (a read-only file system or no permission)"
+  if why:
+    raise common.ConfigError(f"{flag}={path}: cannot write the run there: {why}; pass a "
+                             f"writable {flag}")
 
 
 def define_config_flag(default: str = DEFAULT_CONFIG, *,
@@ -141,13 +212,31 @@ def define_config_flag(default: str = DEFAULT_CONFIG, *,
 
 
 def checked(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
-  """``main`` that ends the program with one line (exit status 1) on a ConfigError."""
+  """``main`` that ends the program with one line on a user's error or a SIGTERM.
+
+  An error of :data:`USER_ERRORS` ends it with ``error: <message>`` (exit
+  status 1; with ``--verbosity=1`` the traceback first); any other exception
+  (a bug) keeps its traceback. While ``main`` runs (in the main thread), a
+  SIGTERM raises :class:`Terminated`, which ends the program with its
+  message (``main`` may re-raise it with one saying how to resume), exit
+  status :data:`TERMINATED_STATUS`; the previous handler is put back after.
+  """
   @functools.wraps(main)
   def run_main(argv):
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
     try:
       return main(argv)
-    except common.ConfigError as e:
+    except USER_ERRORS as e:
+      if _verbose():
+        traceback.print_exc()
       _exit(e)
+    except Terminated as e:
+      print(str(e) or "stopped: SIGTERM", file=sys.stderr, flush=True)
+      sys.exit(TERMINATED_STATUS)
+    finally:
+      if main_thread and previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
   return run_main
 

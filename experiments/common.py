@@ -898,6 +898,54 @@ def _validate_mesh(config, num_devices: int | None) -> None:
                  f"divide the {b} rows of {name}")
 
 
+def trained_reset_keys(config) -> jax.Array:
+  """Typed PRNG keys of the levels the run of ``config`` trains on: its RL steps' and SFT's.
+
+  RL step ``s`` resets ``rollout.num_groups`` levels from
+  ``fold_in(key(seed + 2), s)`` (:meth:`Experiment.rl_key`); a solver's
+  demonstrations ``sft.num_demos`` from ``fold_in(key(seed), 1)``
+  (:meth:`Experiment.demonstrations`; a random expert plays no level to the
+  end, so they are not counted).
+  """
+  steps = jax.numpy.arange(config.rl.steps)
+  rl_key = lambda s: jax.random.fold_in(jax.random.key(config.seed + 2), s)  # noqa: E731
+  keys = [jax.vmap(lambda s: rollout.group_reset_keys(rl_key(s), config.rollout.num_groups))(
+      steps).reshape(-1)]
+  if config.sft.steps and config.sft.get("expert", "solver") == "solver":
+    keys.append(rollout.group_reset_keys(jax.random.fold_in(jax.random.key(config.seed), 1),
+                                         config.sft.num_demos))
+  return jax.numpy.concatenate(keys)
+
+
+def base_runs(config, max_depth: int = 8) -> list[tuple[str, ml_collections.ConfigDict]]:
+  """The ``experiments.train`` runs whose exported policy ``config.model_dir`` is, base first.
+
+  ``experiments.train`` exports its policy to ``<workdir>/policy`` beside its
+  ``<workdir>/config.json``; a ``model_dir`` so placed whose run played the
+  same ``env`` is a base run, and so, in turn, is its own ``model_dir``'s (a
+  LoRA run on a LoRA run's export), up to ``max_depth``. A ``model_dir``
+  elsewhere (e.g. a Hugging Face download) has none.
+
+  Returns:
+    ``[(path of its config.json, its config), ...]``, nearest first.
+  """
+  out = []
+  while len(out) < max_depth and config.get("model_dir", ""):
+    path = os.path.join(os.path.dirname(os.path.abspath(os.path.normpath(config.model_dir))),
+                        "config.json")
+    try:
+      with open(path) as f:
+        base = ml_collections.ConfigDict(json.load(f))
+      if base.get("env") != config.env or any(k not in base for k in ("seed", "rl", "sft",
+                                                                       "rollout")):
+        break
+    except (OSError, ValueError):  # none there, or not a run's config
+      break
+    out.append((path, base))
+    config = base
+  return out
+
+
 class Experiment:
   """A configured run (see the module docstring).
 
@@ -910,7 +958,8 @@ class Experiment:
   Raises:
     ValueError: from :func:`validate` (a bad ``config.mesh``, or one that
       does not use exactly ``devices`` or does not divide the batch rows,
-      named as ``config.mesh``), or when the context cannot hold a turn
+      named as ``config.mesh``), a ``config.model_dir`` without a
+      ``config.json``, or when the context cannot hold a turn
       (``rollout.max_tokens_per_turn`` etc.); all before anything compiles.
   """
 
@@ -919,6 +968,9 @@ class Experiment:
     spec = config.get("mesh", "")  # absent in runs saved before the field
     validate(config, None if devices is None else len(devices))
     self.config = c = config
+    if c.model_dir and not os.path.isfile(os.path.join(c.model_dir, "config.json")):
+      raise _bad("model_dir", c.model_dir, "no config.json there: a Hugging Face model directory "
+                 "is needed (e.g. a run's <workdir>/policy)")
     # "tiny": the shipped sentencepiece model; "": the model directory's
     # tokenizer.json; else a directory holding a tokenizer.json.
     self.tokenizer = (tokenizers.load_tiny_tokenizer() if c.tokenizer == "tiny"
@@ -1279,14 +1331,20 @@ class Experiment:
 
   # ---------------------------------------------------------------------- eval
   def trained_reset_keys(self) -> jax.Array:
-    """Typed PRNG keys of every level this run trains on (SFT demonstrations, RL steps)."""
-    c = self.config
-    steps = jax.numpy.arange(c.rl.steps)
-    keys = [jax.vmap(lambda s: rollout.group_reset_keys(self.rl_key(s), c.rollout.num_groups))(
-        steps).reshape(-1)]
-    if c.sft.steps and c.sft.get("expert", "solver") == "solver":
-      keys.append(rollout.group_reset_keys(jax.random.fold_in(jax.random.key(c.seed), 1),
-                                           c.sft.num_demos))
+    """Typed PRNG keys of every level this run's policy trained on.
+
+    This run's own (SFT demonstrations, RL steps: :func:`trained_reset_keys`)
+    and, when its base (``config.model_dir``) was exported by a run of
+    ``experiments.train`` on the same env, that run's too, and its base's
+    (:func:`base_runs`): a LoRA run's base saw those levels, so they are not
+    held out for it either. Sets :attr:`held_out_base_runs` to the base
+    runs' ``config.json`` paths whose levels were added.
+    """
+    keys = [trained_reset_keys(self.config)]
+    self.held_out_base_runs = []
+    for path, base in base_runs(self.config):
+      keys.append(trained_reset_keys(base))
+      self.held_out_base_runs.append(path)
     return jax.numpy.concatenate(keys)
 
   def held_out_keys(self, trained: jax.Array) -> tuple[jax.Array, int]:
@@ -1316,8 +1374,10 @@ class Experiment:
     """Typed PRNG keys ``[eval.num_levels]`` of the evaluation levels.
 
     With ``config.eval.held_out`` (the tiny configs' default) they are held
-    out of this run's training levels (:meth:`held_out_keys`;
-    :attr:`eval_levels_removed` tells how many were replaced); otherwise (and
+    out of the levels this run's policy trained on, its base run's included
+    (:meth:`trained_reset_keys`, :meth:`held_out_keys`;
+    :attr:`eval_levels_removed` tells how many were replaced,
+    :attr:`held_out_base_runs` which base runs counted); otherwise (and
     in runs saved before the field) ``split(key(eval.seed), eval.num_levels)``.
     Computed on first use; a sweep assigns the set held out of all its runs.
     """
@@ -1377,6 +1437,8 @@ class Experiment:
     out["num_levels"] = c.eval.num_levels
     _ = self.eval_keys  # computed on first use; sets eval_levels_removed
     out["held_out_removed"] = int(self.eval_levels_removed)
+    # The base runs (config.model_dir) whose training levels were held out too.
+    out["held_out_base_runs"] = list(getattr(self, "held_out_base_runs", []))
     traj = sharding.to_host(traj)  # all processes gather (a collective), one writes
     if self.is_primary:
       os.makedirs(os.path.join(workdir, "samples"), exist_ok=True)
@@ -1388,6 +1450,39 @@ class Experiment:
   def checkpointer(self, workdir: str) -> train.Checkpointer:
     """The run's checkpoints, in ``<workdir>/checkpoints``."""
     return train.Checkpointer(workdir, keep=self.config.checkpoint.keep, async_save=False)
+
+  def restore_newest(self, ckpt: train.Checkpointer, workdir: str
+                     ) -> tuple[int, train.TrainState, dict, list[str]]:
+    """The newest checkpoint of ``workdir`` that reads back, on :meth:`rl_state_target`.
+
+    A checkpoint whose files are damaged (truncated, corrupted) is skipped
+    rather than ending the run: the one before it holds everything but the
+    steps since, which a resumed run trains again (bit for bit), and an
+    evaluation says which step it played. The skipped one stays on disk
+    (``jagent.train.Checkpointer.restore_readable``).
+
+    Args:
+      ckpt: the run's :meth:`checkpointer` (with at least one checkpoint).
+      workdir: the run directory (``--workdir``), named in the messages.
+
+    Returns:
+      ``(step, state, metadata, lines)``: the restored step, state and
+      metadata, and one line per skipped checkpoint, e.g. ``skipped
+      checkpoint 40 of /w: unreadable (OUT_OF_RANGE: ...); it stays on disk;
+      using checkpoint 30``.
+
+    Raises:
+      ConfigError: no checkpoint reads back: naming the directory, each
+        checkpoint's error and what to do.
+    """
+    try:
+      step, state, meta, skipped = ckpt.restore_readable(self.rl_state_target())
+    except train.CheckpointError as e:
+      raise ConfigError(f"--workdir={workdir}: {e}. Remove {ckpt.directory} to start the run "
+                        "over (its config.json stays), or pass a new --workdir.") from e
+    lines = [f"skipped checkpoint {s} of {workdir}: unreadable ({why}); it stays on disk; "
+             f"using checkpoint {step}" for s, why in skipped]
+    return step, state, meta, lines
 
   def export(self, workdir: str, params) -> None:
     """Writes the policy as a Hugging Face directory ``<workdir>/policy``.

@@ -68,7 +68,7 @@ def apply_overrides(config, env: str, overrides: list[str]):
   for item in overrides:
     target, sep, value = item.partition("=")
     if not sep:
-      raise ValueError(f"--set={item!r}: expected [<scope>:]<field>=<value>")
+      raise common.ConfigError(f"--set={item!r}: expected [<scope>:]<field>=<value>")
     scope, colon, field = target.rpartition(":")
     if colon and scope not in (env, config.algorithm, f"{env},{config.algorithm}"):
       continue
@@ -180,7 +180,7 @@ def _run_seeds(envs, algorithms, overrides, runs_dir, seeds) -> str:
         with open(done) as f:
           summary = json.load(f)
       else:
-        summary = sweep.sweep(config, workdir, seeds=seeds, sft_params=sft_params)
+        summary = sweep.sweep(config, workdir, seeds=seeds, sft_params=sft_params, progress=True)
         sft_params = summary.pop("sft_params")
         for k in ("params", "frozen"):
           summary.pop(k)
@@ -213,6 +213,7 @@ def _define_flags():
 def main(argv):
   del argv
   fl = flags.FLAGS
+  cli.check_writable(fl.runs_dir, "--runs_dir")
   common.setup_compilation_cache()
   if fl.seeds > 1:
     os.makedirs(fl.runs_dir, exist_ok=True)

@@ -7,7 +7,9 @@ r"""Evaluates a trained run's latest checkpoint on fixed held-out levels.
 
 Reads ``<workdir>/config.json`` (written by ``experiments.train``; the default
 ``--workdir`` is the train job's) and the newest checkpoint of ``<workdir>``
-(its ``TrainState`` params), rebuilds the run's
+that reads back (its ``TrainState`` params; a damaged newer one is skipped
+with one line naming it and why, and ``checkpoint_step`` says which was
+played), rebuilds the run's
 :class:`experiments.common.Experiment` and plays ``--num_levels`` fixed
 initial states (PRNG keys split from the run's ``eval.seed``, the same
 held-out levels as the training job's evaluation when the env and level count
@@ -269,13 +271,15 @@ def evaluate_run(workdir: str, *, env: str | None = None, num_levels: int | None
 
   ckpt = exp.checkpointer(workdir)
   try:
-    step = ckpt.latest_step()
-    if step is None:
+    if ckpt.latest_step() is None:
       raise common.ConfigError(f"no checkpoint in {ckpt.directory}: the run in {workdir!r} has not "
                                "saved one yet (experiments.train saves after SFT).")
-    state, _ = ckpt.restore(exp.rl_state_target(), step)  # from any mesh
+    # The newest checkpoint that reads back (from any mesh); a damaged one is skipped.
+    step, state, _, skipped = exp.restore_newest(ckpt, workdir)
   finally:
     ckpt.close()
+  for line in skipped:
+    print(line, flush=True)
 
   eval_config = common.eval_rollout_config(c, greedy=greedy, group_size=group_size,
                                            context_size=exp.context_size)
@@ -329,6 +333,10 @@ def main(argv):
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is empty (a run directory of experiments.train; default "
                          f"{common.DEFAULT_WORKDIR}).")
+  if _OUTPUT.value:  # written after the evaluation: refused before it
+    cli.check_writable(os.path.dirname(os.path.abspath(_OUTPUT.value)), "--output")
+  else:
+    cli.check_writable(_WORKDIR.value, "--workdir")
   common.setup_compilation_cache()
   result = evaluate_run(
       _WORKDIR.value, env=_ENV.value, num_levels=_NUM_LEVELS.value,

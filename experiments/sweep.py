@@ -15,7 +15,12 @@ https://github.com/luchris429/purejaxrl):
 1. SFT: ``sft.steps`` :func:`jagent.train.sft_step` updates (``lax.scan``) on
    each run's own demonstrations and minibatch draws.
 2. RL: ``rl.steps`` :func:`jagent.train.rl_iteration` iterations (rollout ->
-   filter -> advantages -> updates) with each run's rollout keys.
+   filter -> advantages -> updates) with each run's rollout keys, ``lax.scan``
+   over ``--chunk_steps`` keys a call (default ``eval.every``, else a tenth
+   of the steps; the results do not depend on it), a progress line after
+   each call (steps, seconds, reward and training success per run) and a
+   warning when a run trained nothing ``--warn_after`` steps in a row (the
+   filter kept no group: ``train/skipped_steps`` of experiments.train).
 3. Evaluation after SFT and after RL on the fixed held-out levels, at
    ``eval.temperature`` and (``eval.greedy``) greedily.
 
@@ -40,12 +45,15 @@ unbatched, ``in_axes=None``), so R runs of a 0.5B policy hold one base, not
 R. The base is loaded once. Runs whose bases differ (a random base per seed,
 ``model_dir`` empty) keep a base each (the summary's ``"shared_base"``).
 
-Prints a table of per-run success and mean +- std (sample std over the seeds
-of each value) and writes ``<workdir>/sweep_summary.json``::
+Prints a table of per-run success, ``train/skipped_steps`` (RL steps that
+trained nothing; a sweep none of whose steps trained says so under the
+table) and mean +- std (sample std over the seeds of each value) and writes
+``<workdir>/sweep_summary.json``::
 
   {"env": ..., "algorithm": ..., "field": "rl.learning_rate" | null, "batching": "vmap",
+   "rl_steps": ...,
    "runs": [{"seed": 0, "value": ..., "sft": {"success": ..., "greedy_success": ...,
-             ...}, "rl": {...}, "rl_train_success": ...,
+             ...}, "rl": {...}, "rl_train_success": ..., "skipped_steps": ...,
              "curves": {"rollout/success": [<per RL step>], ...}}, ...],
    "groups": [{"value": ..., "seeds": [...], "sft": {"success": {"mean": ..., "std": ...},
                ...}, "rl": {...}}, ...],
@@ -100,14 +108,14 @@ def parse_sweep(spec: str | None, config) -> tuple[str | None, tuple[float, ...]
     return None, (math.nan,)
   field, sep, text = spec.partition("=")
   if not sep or not text.strip():
-    raise ValueError(f"--sweep={spec!r}: expected <field>=<v1>,<v2>,... "
+    raise common.ConfigError(f"--sweep={spec!r}: expected <field>=<v1>,<v2>,... "
                      f"(e.g. rl.learning_rate=1e-4,3e-4)")
   try:
     common.config_field(config, field)
   except common.ConfigError as e:
     raise common.ConfigError(f"--sweep={spec!r}: {e}") from None
   if field not in SWEEPABLE:
-    raise ValueError(
+    raise common.ConfigError(
         f"--sweep={spec!r}: {field!r} cannot be vmapped: it changes shapes or static "
         f"configuration, so each value is its own program (run them separately, e.g. "
         f"experiments.compare --set); sweepable fields: {SWEEPABLE}")
@@ -116,9 +124,9 @@ def parse_sweep(spec: str | None, config) -> tuple[str | None, tuple[float, ...]
     try:
       v = float(item)
     except ValueError:
-      raise ValueError(f"--sweep={spec!r}: {item!r} is not a float") from None
+      raise common.ConfigError(f"--sweep={spec!r}: {item!r} is not a float") from None
     if not (v > 0 and math.isfinite(v)):
-      raise ValueError(f"--sweep={spec!r}: {field} must be a positive finite float; "
+      raise common.ConfigError(f"--sweep={spec!r}: {field} must be a positive finite float; "
                        f"got {item!r}")
     values.append(v)
   return field, tuple(values)
@@ -151,13 +159,13 @@ def run_configs(config, seeds: int = 1, sweep: str | None = None) -> tuple[str |
       all before anything compiles.
   """
   if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-    raise ValueError(f"--seeds={seeds!r}: must be an int >= 1")
+    raise common.ConfigError(f"--seeds={seeds!r}: must be an int >= 1")
   if config.get("mesh", ""):
-    raise ValueError(f"config.mesh={config.mesh!r}: a sweep runs its runs as one program on "
+    raise common.ConfigError(f"config.mesh={config.mesh!r}: a sweep runs its runs as one program on "
                      "one device (vmapped); leave config.mesh empty (sharded sweeps are "
                      "not supported)")
   if config.rl.get("empty_stop_steps", 0):
-    raise ValueError(f"config.rl.empty_stop_steps={config.rl.empty_stop_steps!r}: a sweep "
+    raise common.ConfigError(f"config.rl.empty_stop_steps={config.rl.empty_stop_steps!r}: a sweep "
                      "runs rl.steps iterations as one program and cannot stop a run early; "
                      "set it to 0 (experiments.train stops)")
   field, values = parse_sweep(sweep, config)
@@ -189,7 +197,7 @@ def over_runs(fn, batching: str, in_axes: tuple[int | None, ...]):
     ValueError: an unknown ``batching``.
   """
   if batching not in BATCHINGS:
-    raise ValueError(f"--batching={batching!r}: must be one of {BATCHINGS}")
+    raise common.ConfigError(f"--batching={batching!r}: must be one of {BATCHINGS}")
   if batching == "vmap":
     return jax.vmap(fn, in_axes=in_axes)
 
@@ -353,6 +361,77 @@ def _evaluate(exp, params, frozen, keys, batching) -> list[dict]:
   return out
 
 
+def chunk_steps(config, steps: int | None = None) -> int:
+  """RL steps per call of the RL program: ``steps`` (> 0), else ``eval.every``, else a tenth.
+
+  Between calls the sweep prints its progress (:func:`chunk_lines`); the
+  runs' results do not depend on it (each call scans the same iteration
+  over the next keys).
+
+  Raises:
+    ConfigError: ``steps`` not None and not an int >= 0.
+  """
+  if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
+    raise common.ConfigError(f"--chunk_steps={steps!r}: must be an int >= 0 (0: eval.every, "
+                             "else a tenth of rl.steps)")
+  if steps:
+    return steps
+  return config.eval.every or max(1, math.ceil(config.rl.steps / 10))
+
+
+def _skipped(metrics) -> np.ndarray:
+  """bool ``[R, steps]``: the steps whose filter kept no group (no update applied)."""
+  return np.asarray(metrics["train/updates_applied"]) <= 0
+
+
+def chunk_lines(start: int, stop: int, steps: int, seconds: float, metrics: dict,
+                streaks: list[int], seeds: list[int], warn_after: int) -> list[str]:
+  """The progress line of RL steps ``start+1..stop`` and any warnings; updates ``streaks``.
+
+  The line: the steps, their seconds, and per run the mean training reward
+  (``rollout/score``) and training success over the chunk, e.g.
+  ``sweep RL steps 1-20 of 100 (31.2 s): reward per run -0.10 0.25; training
+  success per run 0.00 0.31``. A warning names each run whose steps that
+  trained nothing (``train/updates_applied`` 0: the filter kept no group,
+  e.g. every reply's format invalid or every group's reward std 0) reached
+  ``warn_after`` in a row in this chunk (once per such streak), with the
+  streak's mean format-valid fraction and in-group reward std.
+
+  Args:
+    start: the chunk's first step (0-based); ``stop``: one past its last.
+    steps: the run's RL steps (``rl.steps``).
+    seconds: the chunk's wall time.
+    metrics: the chunk's RL metrics, each ``[R, stop - start]``.
+    streaks: per run, the steps in a row that trained nothing before this
+      chunk; updated in place.
+    seeds: per run, its seed (named in warnings).
+    warn_after: the streak length that warns (>= 1).
+
+  Returns:
+    the progress line, then the warnings.
+  """
+  score = np.mean(np.asarray(metrics["rollout/score"], np.float64), axis=1)
+  success = np.mean(np.asarray(metrics["rollout/success"], np.float64), axis=1)
+  lines = [f"sweep RL steps {start + 1}-{stop} of {steps} ({seconds:.1f} s): reward per run "
+           + " ".join(f"{x:.2f}" for x in score) + "; training success per run "
+           + " ".join(f"{x:.2f}" for x in success)]
+  skipped = _skipped(metrics)
+  fmt = np.asarray(metrics["rollout/format_valid_frac"], np.float64)
+  std = np.asarray(metrics["filter/reward_std_before"], np.float64)
+  for i, row in enumerate(skipped):
+    for j, empty in enumerate(row):
+      streaks[i] = streaks[i] + 1 if empty else 0
+      if empty and streaks[i] == warn_after:  # the streak just reached it
+        first = start + j + 2 - warn_after  # 1-based
+        lo = max(0, j + 1 - warn_after)
+        lines.append(
+            f"warning: run {i} (seed {seeds[i]}) trained nothing for {warn_after} RL steps in a "
+            f"row (steps {first}-{start + j + 1}: the filter kept no group; format-valid "
+            f"{np.mean(fmt[i, lo:j + 1]):.2f}, in-group reward std "
+            f"{np.mean(std[i, lo:j + 1]):.2f} over this chunk's part of them)")
+  return lines
+
+
 def mean_std(xs) -> dict:
   """``{"mean", "std"}`` of a sequence of floats: the sample std (ddof 1), 0 for one value."""
   xs = np.asarray(xs, np.float64)
@@ -360,7 +439,8 @@ def mean_std(xs) -> dict:
 
 
 def sweep(config, workdir: str | None = None, *, seeds: int = 1,
-          sweep_spec: str | None = None, batching: str = "vmap", sft_params=None) -> dict:
+          sweep_spec: str | None = None, batching: str = "vmap", sft_params=None,
+          chunk: int | None = None, progress: bool = False, warn_after: int = 10) -> dict:
   """Runs the sweep (see the module docstring); returns the summary.
 
   Args:
@@ -375,6 +455,14 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
       reads no RL or algorithm field, so sweeps of several algorithms can
       share one SFT stage (:mod:`experiments.compare`). LoRA adapters
       without their base (a shared-base sweep's) get it loaded once.
+    chunk: RL steps per call of the RL program (:func:`chunk_steps`; None
+      or 0: ``eval.every``, else a tenth of ``rl.steps``). The results do
+      not depend on it.
+    progress: print a line after SFT, after each chunk of RL steps
+      (:func:`chunk_lines`: reward and training success per run, warnings
+      of runs that trained nothing ``warn_after`` steps in a row) and after
+      each evaluation (success per run).
+    warn_after: see ``progress``.
 
   Returns:
     The summary dict (module docstring; each run's ``"curves"`` holds its
@@ -392,8 +480,10 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
       compiles.
   """
   t_start = time.perf_counter()
+  chunk = chunk_steps(config, chunk)
+  say = (lambda line: print(line, flush=True)) if progress else (lambda line: None)
   if batching not in BATCHINGS:
-    raise ValueError(f"--batching={batching!r}: must be one of {BATCHINGS}")
+    raise common.ConfigError(f"--batching={batching!r}: must be one of {BATCHINGS}")
   field, runs = run_configs(config, seeds, sweep_spec)
   exps = [common.Experiment(c) for _, _, c in runs]
   exp = exps[0]
@@ -440,8 +530,11 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
     for e in exps:
       e.eval_keys, e.eval_levels_removed = held, removed
   eval_keys = jnp.stack([e.eval_key() for e in exps])
+  say(f"sweep SFT: {seconds['sft']:.1f} s")
   sft_eval = _evaluate(exp, params, frozen, eval_keys, batching)
   seconds["eval"] = time.perf_counter() - t0
+  say(f"sweep eval after SFT ({seconds['eval']:.1f} s): success per run "
+      + " ".join(f"{e['success']:.3f}" for e in sft_eval))
 
   # ---- RL.
   t0 = time.perf_counter()
@@ -454,9 +547,22 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
     frozen = []
   train_success = [math.nan] * len(exps)
   curves = [{} for _ in exps]
+  skipped = [0] * len(exps)
   if c.rl.steps:
     keys = jnp.stack([jnp.stack([e.rl_key(s) for s in range(c.rl.steps)]) for e in exps])
-    states, metrics = rl_program(exp, field, batching)(states, state_frozen, keys, values)
+    program = rl_program(exp, field, batching)
+    parts, streaks = [], [0] * len(exps)
+    for start in range(0, c.rl.steps, chunk):  # the same scan, K keys a call
+      t_chunk = time.perf_counter()
+      states, m = program(states, state_frozen, keys[:, start:start + chunk], values)
+      m = jax.device_get(m)
+      parts.append(m)
+      for line in chunk_lines(start, min(start + chunk, c.rl.steps), c.rl.steps,
+                              time.perf_counter() - t_chunk, m, streaks,
+                              [seed for seed, _, _ in runs], warn_after):
+        say(line)
+    metrics = {k: np.concatenate([p[k] for p in parts], axis=1) for k in parts[0]}
+    skipped = [int(x) for x in _skipped(metrics).sum(axis=1)]
     train_success = [float(x) for x in np.asarray(metrics["rollout/success"])[:, -1]]
     curves = [{k: [float(v) for v in np.asarray(metrics[k])[i]]
                for k in CURVE_KEYS if k in metrics} for i in range(len(exps))]
@@ -465,13 +571,15 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
 
   t0 = time.perf_counter()
   rl_eval = _evaluate(exp, params, frozen, eval_keys, batching)
+  say(f"sweep eval after RL ({time.perf_counter() - t0:.1f} s): success per run "
+      + " ".join(f"{e['success']:.3f}" for e in rl_eval))
   seconds["eval"] += time.perf_counter() - t0
   seconds["total"] = time.perf_counter() - t_start
 
   out_runs = [{"seed": seed, "value": None if field is None else value, "sft": s, "rl": r,
-               "rl_train_success": t, "curves": cv}
-              for (seed, value, _), s, r, t, cv in zip(runs, sft_eval, rl_eval, train_success,
-                                                       curves)]
+               "rl_train_success": t, "skipped_steps": k, "curves": cv}
+              for (seed, value, _), s, r, t, k, cv in zip(runs, sft_eval, rl_eval, train_success,
+                                                          skipped, curves)]
   groups = []
   for value in dict.fromkeys(r["value"] for r in out_runs):
     members = [r for r in out_runs if r["value"] == value]
@@ -479,8 +587,9 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
                    **{stage: {k: mean_std([r[stage][k] for r in members])
                               for k in members[0][stage]} for stage in ("sft", "rl")}})
   summary = {"env": c.env, "algorithm": c.algorithm, "field": field, "batching": batching,
-             "runs": out_runs, "num_levels": c.eval.num_levels,
+             "rl_steps": c.rl.steps, "runs": out_runs, "num_levels": c.eval.num_levels,
              "held_out_removed": int(getattr(exp, "eval_levels_removed", 0)),
+             "held_out_base_runs": list(getattr(exp, "held_out_base_runs", [])),
              "shared_base": bool(frozen),
              "groups": groups, "seconds": {k: round(v, 2) for k, v in seconds.items()}}
   if workdir:
@@ -497,16 +606,21 @@ def table(summary: dict) -> str:
       ["RL greedy"] if greedy else [])
   keys = [("sft", "success")] + ([("sft", "greedy_success")] if greedy else []) + [
       ("rl", "success")] + ([("rl", "greedy_success")] if greedy else [])
-  head = ["run", "seed"] + ([field] if field else []) + cols
+  head = ["run", "seed"] + ([field] if field else []) + cols + ["train/skipped_steps"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for i, r in enumerate(summary["runs"]):
     lines.append("| " + " | ".join(
         [str(i), str(r["seed"])] + ([f"{r['value']:g}"] if field else [])
-        + [f"{r[s][k]:.3f}" for s, k in keys]) + " |")
+        + [f"{r[s][k]:.3f}" for s, k in keys] + [str(r.get("skipped_steps", "-"))]) + " |")
   for g in summary["groups"]:
     lines.append("| " + " | ".join(
         ["mean ± std", f"{len(g['seeds'])} seeds"] + ([f"{g['value']:g}"] if field else [])
-        + [f"{g[s][k]['mean']:.3f} ± {g[s][k]['std']:.3f}" for s, k in keys]) + " |")
+        + [f"{g[s][k]['mean']:.3f} ± {g[s][k]['std']:.3f}" for s, k in keys] + [""]) + " |")
+  steps = summary.get("rl_steps", 0)
+  if steps and all(r.get("skipped_steps") == steps for r in summary["runs"]):
+    lines.append(f"\nEvery one of the {steps} RL steps of every run trained nothing (the filter "
+                 "kept no group: no valid reply format, or zero in-group reward std): the RL "
+                 "figures are the SFT policy's, not RL's.")
   return "\n".join(lines)
 
 
@@ -524,14 +638,21 @@ def _define_flags():
   flags.DEFINE_enum("batching", "vmap", BATCHINGS,
                     "vmap: the runs in parallel; map: one after the other in the same program "
                     "(each equals its separate run exactly).")
+  flags.DEFINE_integer("chunk_steps", 0, "RL steps per program call, a progress line after "
+                       "each (0: eval.every, else a tenth of rl.steps); results do not depend "
+                       "on it.")
+  flags.DEFINE_integer("warn_after", 10, "Warn when a run's RL trained nothing (the filter kept "
+                       "no group) this many steps in a row.", lower_bound=1)
 
 
 def main(argv):
   del argv
   fl = flags.FLAGS
+  cli.check_writable(fl.workdir, "--workdir")  # written after the sweep: refused before it
   common.setup_compilation_cache()
   summary = sweep(fl.config, fl.workdir, seeds=fl.seeds, sweep_spec=fl.sweep,
-                  batching=fl.batching)
+                  batching=fl.batching, chunk=fl.chunk_steps, progress=True,
+                  warn_after=fl.warn_after)
   print(table(summary))
   print(f"seconds: {summary['seconds']}; summary: "
         f"{os.path.join(fl.workdir, 'sweep_summary.json')}")

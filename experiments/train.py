@@ -238,14 +238,14 @@ def initialize_distributed(distributed: bool, coordinator_address: str | None = 
                              ("process_id", process_id)) if v is not None}
   if not distributed:
     if given:
-      raise ValueError(f"--{next(iter(given))}={next(iter(given.values()))!r} needs "
+      raise common.ConfigError(f"--{next(iter(given))}={next(iter(given.values()))!r} needs "
                        "--distributed.")
     return
   if num_processes is not None and num_processes < 1:
-    raise ValueError(f"--num_processes={num_processes!r} must be >= 1.")
+    raise common.ConfigError(f"--num_processes={num_processes!r} must be >= 1.")
   if process_id is not None and (process_id < 0 or (
       num_processes is not None and process_id >= num_processes)):
-    raise ValueError(f"--process_id={process_id!r} must be in [0, --num_processes="
+    raise common.ConfigError(f"--process_id={process_id!r} must be in [0, --num_processes="
                      f"{num_processes}).")
   jax.distributed.initialize(coordinator_address=coordinator_address,
                              num_processes=num_processes, process_id=process_id)
@@ -375,10 +375,15 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   exp = common.Experiment(config)  # validates the whole config first
   primary = exp.is_primary
   os.makedirs(workdir, exist_ok=True)
+  progress = progress and primary
   ckpt = exp.checkpointer(workdir)
   last = ckpt.latest_step()
   if last is not None:
     check_resumable(config, workdir)
+    # The newest checkpoint that reads back (a damaged one is skipped, said, kept).
+    last, state, meta, skipped = exp.restore_newest(ckpt, workdir)  # onto config.mesh
+    for line in skipped:
+      announce(line, progress)
   if primary:
     train.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
   # Without a checkpoint the run starts over: drop every record of an attempt
@@ -386,7 +391,6 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   resume_step = last if last is not None else -config.sft.steps - 1
   writer = (train.MetricsWriter(workdir, resume_step=resume_step, tensorboard=True) if primary
             else _NoWriter())
-  progress = progress and primary
   steps = config.rl.steps
   # Host counters of the steps that trained nothing: in all, and in a row.
   counts = {"skipped_steps": 0, "empty_streak": 0}
@@ -399,12 +403,10 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
     announce(evaluation_line(config, "after SFT", 0, summary["sft"]), progress)
     state = exp.rl_state(params)
     ckpt.save(0, state, {"summary": summary, "seconds": time.time() - t_start, **counts})
-  else:  # ---- resume.
-    meta = ckpt.restore_metadata(last)
+  else:  # ---- resume (restored above).
     summary = meta["summary"]
     counts = {k: int(meta.get(k, 0)) for k in counts}  # absent in runs saved before them
     t_start -= meta.get("seconds", 0.0)
-    state, _ = ckpt.restore(exp.rl_state_target(), last)  # onto config.mesh
     announce(f"resuming from step {last} of {steps} in {workdir}", progress)
   saved = int(state.step)
 
@@ -480,12 +482,33 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   return summary
 
 
+def stopped_line(config, workdir: str) -> str:
+  """The line of a run ended by SIGTERM: which checkpoint a rerun resumes from.
+
+  Reads the newest checkpoint on disk (a save is renamed into place whole,
+  so one cut short is not listed), e.g. ``stopped by SIGTERM; rerunning the
+  same command resumes from checkpoint 30 of 40 RL steps in /w``.
+  """
+  from jagent import train  # pylint: disable=g-import-not-at-top
+  last = (train.Checkpointer(workdir, keep=config.checkpoint.keep, async_save=False)
+          .latest_step() if os.path.isdir(workdir) else None)
+  if last is None:
+    return ("stopped by SIGTERM before the first checkpoint (written after SFT); rerunning "
+            "the same command starts the run over")
+  return (f"stopped by SIGTERM; rerunning the same command resumes from checkpoint {last} "
+          f"of {config.rl.steps} RL steps in {workdir}")
+
+
 def main(argv):
   del argv
   initialize_distributed(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
                          _PROCESS_ID.value)
+  cli.check_writable(_WORKDIR.value, "--workdir")
   common.setup_compilation_cache()
-  summary = run(_CONFIG.value, _WORKDIR.value)
+  try:
+    summary = run(_CONFIG.value, _WORKDIR.value)
+  except cli.Terminated:
+    raise cli.Terminated(stopped_line(_CONFIG.value, _WORKDIR.value)) from None
   if jax.process_index() == 0:
     print(json.dumps(summary, indent=2))
 

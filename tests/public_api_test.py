@@ -228,6 +228,7 @@ _SURFACES["jagent.rollout"] = [
 _SURFACES["jagent.train"] = [
     "AccumulatedGradients",
     "CRITIC_KINDS",
+    "CheckpointError",
     "Checkpointer",
     "CriticParams",
     "LogprobsOutput",

@@ -27,6 +27,7 @@ Please don't use symbols in the ``_``-prefixed modules: they may change.
 from jagent._src.files import write_json
 from jagent._src.files import write_text
 from jagent.train._batch import trajectory_batch
+from jagent.train._checkpoint import CheckpointError
 from jagent.train._checkpoint import Checkpointer
 from jagent.train._checkpoint import export_policy
 from jagent.train._collapse import collapse_estimates
@@ -74,6 +75,7 @@ from jagent.train._step import train_step
 __all__ = (
     "AccumulatedGradients",
     "CRITIC_KINDS",
+    "CheckpointError",
     "Checkpointer",
     "CriticParams",
     "LogprobsOutput",

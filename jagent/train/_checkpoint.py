@@ -15,6 +15,23 @@ from jagent._src.types import PyTree
 CHECKPOINT_DIR = "checkpoints"
 
 
+class CheckpointError(ValueError):
+  """No checkpoint of a run directory reads back (every one is damaged or of another structure).
+
+  The message names the checkpoint directory and each checkpoint tried with
+  why it failed.
+  """
+
+
+def _reason(error: BaseException) -> str:
+  """The first line of the innermost cause of ``error`` (orbax wraps tensorstore's)."""
+  while error.__cause__ is not None:
+    error = error.__cause__
+  text = str(error).strip().splitlines()
+  line = text[0] if text else type(error).__name__
+  return line if len(line) <= 300 else line[:297] + "..."
+
+
 def _abstract(target: PyTree) -> PyTree:
   """``ShapeDtypeStruct`` leaves (keeping shardings) for a concrete or abstract tree."""
 
@@ -36,7 +53,11 @@ class Checkpointer:
   config, seeds). Each save is written to a temporary directory and renamed
   when complete, so an interrupted save never replaces or corrupts the last
   good checkpoint; leftover temporary directories are not listed as steps.
-  Only the newest ``keep`` checkpoints are kept. Saves run asynchronously
+  Only the newest ``keep`` checkpoints are kept. A checkpoint damaged on
+  disk afterwards (a truncated or corrupted file) is skipped by
+  :meth:`restore_readable`, which restores the newest one that reads back;
+  the damaged one stays on disk until this object writes its step again,
+  which replaces it (:meth:`save`). Saves run asynchronously
   (``async_save``) and :meth:`wait` blocks until they are on disk; every
   reading method waits first.
 
@@ -77,6 +98,7 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, enable_async_checkpointing=async_save)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._unreadable: set[int] = set()  # steps restore_readable skipped
 
   def save(self, step: int, state: PyTree,
            metadata: dict[str, Any] | None = None) -> bool:
@@ -87,14 +109,23 @@ class Checkpointer:
       state: the train state pytree.
       metadata: a JSON-serialisable dict (default ``{}``).
 
+    A step that :meth:`restore_readable` skipped as unreadable is deleted
+    first and written anew (a run resumed from an older checkpoint writes the
+    same step again); any other existing step is an error.
+
     Returns:
       True if a save was started.
 
     Raises:
-      ValueError: for a negative or non-int step.
+      ValueError: for a negative or non-int step, or a step already on disk
+        that was not skipped as unreadable (orbax's StepAlreadyExistsError).
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
       raise ValueError(f"step must be an int >= 0; got {step!r}.")
+    if step in self._unreadable:
+      self._unreadable.discard(step)
+      if step in self.all_steps():
+        self._manager.delete(step)
     state, _ = models.split_frozen(state)  # LoRA: no base in the checkpoint
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                               meta=ocp.args.JsonSave(dict(metadata or {})))
@@ -146,6 +177,46 @@ class Checkpointer:
                               meta=ocp.args.JsonRestore())
     out = self._manager.restore(step, args=args)
     return models.join_frozen(out.state, frozen), dict(out.meta)
+
+  def restore_readable(self, target: PyTree) -> tuple[int, PyTree, dict[str, Any],
+                                                      list[tuple[int, str]]]:
+    """Restores the newest checkpoint that reads back, skipping damaged ones.
+
+    Tries the checkpoints newest first (:meth:`restore` onto ``target``);
+    one whose files fail to read (orbax and tensorstore raise ValueError,
+    OSError and others for a truncated or corrupted file) is skipped and left
+    on disk (a later :meth:`save` of its step replaces it). Falling back
+    loses only the steps after the restored checkpoint, which a resumed run
+    trains again.
+
+    Args:
+      target: as in :meth:`restore`.
+
+    Returns:
+      ``(step, state, metadata, skipped)``: the restored checkpoint's step,
+      state and metadata, and ``(step, reason)`` of each newer checkpoint
+      skipped (newest first; the reason is the first line of the innermost
+      error).
+
+    Raises:
+      CheckpointError: there is no checkpoint, or none reads back (naming
+        the directory, each step and why).
+    """
+    steps = self.all_steps()
+    if not steps:
+      raise CheckpointError(f"no checkpoint in {self.directory}.")
+    skipped = []
+    for step in reversed(steps):
+      try:
+        state, meta = self.restore(target, step)
+      except Exception as e:  # pylint: disable=broad-except
+        # Which error a damaged file raises depends on which file and how.
+        skipped.append((step, _reason(e)))
+        self._unreadable.add(step)
+        continue
+      return step, state, meta, skipped
+    tried = "; ".join(f"checkpoint {s}: {why}" for s, why in skipped)
+    raise CheckpointError(f"no checkpoint in {self.directory} reads back ({tried})")
 
   def restore_metadata(self, step: int | None = None) -> dict[str, Any]:
     """Only the JSON metadata of checkpoint ``step`` (default: the latest).

@@ -33,6 +33,7 @@ from experiments import train as train_job
 from experiments.configs import ragen
 from experiments.configs import tiny
 from jagent import models
+from tests import testenv
 from tests.experiments import train_test
 
 
@@ -140,6 +141,57 @@ def _lora_config(model_dir):
   c.eval.update(dict(held_out=False, greedy=False, every=0))
   c.diagnostics.every = 0
   return c
+
+
+@pytest.mark.heavy
+class HeldOutOfBaseTest(absltest.TestCase):
+  """A LoRA run on a jagent-trained base holds its base's training levels out too."""
+
+  def test_eval_levels_exclude_the_base_runs_levels(self):
+    root = tempfile.mkdtemp(prefix="lora_held_out_")
+    self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+    # The base run as experiments.train leaves it: <workdir>/config.json beside
+    # <workdir>/policy (a nano model: no training is needed to count levels).
+    base = testenv.without_extras(tiny.get_config("FrozenLake-4x4-v0,grpo"))
+    base.model = "nano"
+    base.seed = 5
+    base.rl.steps = 100  # 100 x 16 levels, plus 128 demonstrations
+    base.eval.update(dict(num_levels=64, num_groups=64, held_out=True))
+    base_dir = os.path.join(root, "base")
+    models.save_hf_checkpoint(
+        models.init(models.get_config("nano"), jax.random.key(0)), models.get_config("nano"),
+        os.path.join(base_dir, "policy"))
+    with open(os.path.join(base_dir, "config.json"), "w") as f:
+      f.write(base.to_json_best_effort(indent=2))
+    lora = base.copy_and_resolve_references()
+    lora.model_dir = os.path.join(base_dir, "policy")
+    lora.lora.rank = 4
+    lora.seed = 9
+    lora.rl.steps = 10
+    lora.sft.steps = 0
+
+    exp = common.Experiment(lora)
+    env, env_params = exp.env, exp.env_params
+
+    def levels(keys):
+      states = jax.vmap(lambda k: env.reset(k, env_params)[1])(keys)
+      return {row.tobytes() for row in np.asarray(jax.vmap(env.render_symbols)(states))}
+
+    base_levels = levels(common.trained_reset_keys(base))
+    own_levels = levels(common.trained_reset_keys(lora))
+    # Held out of its own levels only (as before), the set holds base levels.
+    own_only, removed_own = exp.held_out_keys(common.trained_reset_keys(lora))
+    self.assertNotEmpty(levels(own_only) & base_levels)
+    evaluated = levels(exp.eval_keys)
+    self.assertEmpty(evaluated & base_levels)
+    self.assertEmpty(evaluated & own_levels)
+    self.assertGreater(exp.eval_levels_removed, removed_own)
+    self.assertEqual(exp.held_out_base_runs, [os.path.join(base_dir, "config.json")])
+    # A base outside a run directory (no config.json beside it) adds nothing.
+    self.assertEqual(common.base_runs(base), [])
+    moved = lora.copy_and_resolve_references()
+    moved.model_dir = os.path.join(root, "elsewhere", "policy")
+    self.assertEqual(common.base_runs(moved), [])
 
 
 def _forward(params, config, ids):

@@ -141,10 +141,13 @@ class SweepTest(absltest.TestCase):
   def check_rl_from_given_sft_params(self):
     # experiments.compare's algorithms share one SFT stage: RL from the given
     # SFT parameters is the sweep's own RL (no SFT step runs: the SFT
-    # program is never called).
+    # program is never called). The sweep above ran RL one step a call
+    # (eval.every = 0: a tenth of 2 steps); this one both steps in one call:
+    # the same runs, bit for bit.
+    self.assertEqual(sweep.chunk_steps(_config()), 1)
     with mock.patch.object(sweep, "sft_program", side_effect=AssertionError("SFT ran")):
       again = sweep.sweep(_config(), None, seeds=_SEEDS, batching="map",
-                          sft_params=self.summary["sft_params"])
+                          sft_params=self.summary["sft_params"], chunk=2)
     _assert_params_close(again["params"], self.summary["params"], rtol=0, atol=0)
     self.assertEqual(json.dumps(again["runs"]), json.dumps(self.summary["runs"]))  # NaN too
     with self.assertRaisesRegex(ValueError, r"sft_params: leading axes \[1\], expected 2"):
@@ -166,12 +169,60 @@ class SweepTest(absltest.TestCase):
         xs = [r[stage][k] for r in written["runs"]]
         self.assertAlmostEqual(group[stage][k]["mean"], np.mean(xs), places=12)
         self.assertAlmostEqual(group[stage][k]["std"], np.std(xs, ddof=1), places=12)
+    # Every step trained (include_zero keeps every group).
+    self.assertEqual([r["skipped_steps"] for r in written["runs"]], [0] * _SEEDS)
     text = sweep.table(written)
     self.assertLen(text.splitlines(), 2 + _SEEDS + 1)
+    self.assertTrue(text.splitlines()[2].endswith(" | 0 |"), text)
     self.assertIn("RL greedy", text)
     self.assertIn(f"{group['rl']['success']['mean']:.3f} ± {group['rl']['success']['std']:.3f}",
                   text)
 
+
+
+class ProgressTest(absltest.TestCase):
+  """The per-chunk lines and the empty-step warnings (no runs needed)."""
+
+  def test_chunk_line_and_a_warning_once_per_streak(self):
+    # Run 0 trains every step; run 1 trains nothing from the chunk's step 6 on.
+    applied = np.array([[1, 1, 1, 1], [1, 0, 0, 0]], np.float32)
+    metrics = {"train/updates_applied": applied,
+               "rollout/score": np.array([[0.1, 0.2, 0.3, 0.4], [-0.1, -0.1, -0.1, -0.1]]),
+               "rollout/success": np.array([[0.0, 0.5, 0.5, 1.0], [0.0, 0.0, 0.0, 0.0]]),
+               "rollout/format_valid_frac": np.array([[1.0] * 4, [0.5, 0.0, 0.0, 0.0]]),
+               "filter/reward_std_before": np.array([[0.3] * 4, [0.2, 0.0, 0.0, 0.0]])}
+    streaks = [0, 1]  # run 1's step 4 trained nothing, step 5 ends that streak
+    lines = sweep.chunk_lines(4, 8, 12, 3.25, metrics, streaks, [7, 8], warn_after=3)
+    self.assertEqual(lines, [
+        "sweep RL steps 5-8 of 12 (3.2 s): reward per run 0.25 -0.10; training success per "
+        "run 0.50 0.00",
+        "warning: run 1 (seed 8) trained nothing for 3 RL steps in a row (steps 6-8: the filter "
+        "kept no group; format-valid 0.00, in-group reward std 0.00 over this chunk's part of "
+        "them)"])
+    self.assertEqual(streaks, [0, 3])
+    # The streak goes on: no second warning; a step that trains ends it.
+    metrics["train/updates_applied"] = np.array([[1, 1, 1, 1], [0, 1, 1, 1]], np.float32)
+    lines = sweep.chunk_lines(8, 12, 12, 1.0, metrics, streaks, [7, 8], warn_after=3)
+    self.assertLen(lines, 1)
+    self.assertEqual(streaks, [0, 0])
+
+  def test_a_sweep_that_trained_nothing_says_so(self):
+    run = {"seed": 0, "value": None, "sft": {"success": 0.25}, "rl": {"success": 0.25},
+           "skipped_steps": 5}
+    summary = {"field": None, "rl_steps": 5, "runs": [run, {**run, "seed": 1}],
+               "groups": [{"value": None, "seeds": [0, 1],
+                           "sft": {"success": {"mean": 0.25, "std": 0.0}},
+                           "rl": {"success": {"mean": 0.25, "std": 0.0}}}]}
+    text = sweep.table(summary)
+    self.assertEqual(text.splitlines()[0],
+                     "| run | seed | SFT success | RL success | train/skipped_steps |")
+    self.assertEqual(text.splitlines()[2], "| 0 | 0 | 0.250 | 0.250 | 5 |")
+    self.assertEqual(text.splitlines()[-1],
+                     "Every one of the 5 RL steps of every run trained nothing (the filter kept "
+                     "no group: no valid reply format, or zero in-group reward std): the RL "
+                     "figures are the SFT policy's, not RL's.")
+    summary["runs"][1]["skipped_steps"] = 4  # one step of one run trained
+    self.assertNotIn("trained nothing", sweep.table(summary))
 
 
 class SweepSpecTest(absltest.TestCase):

@@ -26,9 +26,12 @@ largest raw reward std (the lucky ones, StarPO-S) and un-normalised
 advantages (Dr.GRPO) follows the expected reward (0.25 > 0.1).
 """
 
+import contextlib
 import glob
+import io
 import json
 import os
+import re
 import shutil
 import tempfile
 from unittest import mock
@@ -631,6 +634,81 @@ class WindowedTrainTest(absltest.TestCase):
     self.assertFalse(any("collapse/mutual_info" in r for r in records))
     self.assertIn(2, [r["step"] for r in records if "eval/success" in r])
     _assert_resumes(self, config, workdir, summary, os.path.join(root, "killed"), kill_at=2)
+
+
+def _smallest_config():
+  """The smallest run: nano, 2 SFT steps, 3 RL steps of 2 x 2 Bandit pulls, checkpoints 1-3."""
+  c = testenv.without_extras(tiny.get_config("Bandit-v0,grpo"))
+  c.model = "nano"
+  c.seed = 0
+  c.rollout.update(dict(num_groups=2, group_size=2, max_tokens_per_turn=12))
+  c.sft.update(dict(expert="random", num_demos=4, steps=2, batch_size=4, warmup_steps=1))
+  c.rl.update(dict(steps=3, warmup_steps=0, num_microbatches=1, num_minibatches=1))
+  c.eval.update(dict(num_levels=2, num_groups=2, every=0, greedy=False, samples=1))
+  c.checkpoint.update(dict(every=1, keep=3))
+  return c
+
+
+def _truncate(workdir, step):
+  """Cuts the largest file of checkpoint ``step``'s state to 100 bytes (a write cut short)."""
+  files = [f for f in glob.glob(os.path.join(workdir, "checkpoints", str(step), "state", "**"),
+                                recursive=True) if os.path.isfile(f)]
+  os.truncate(max(files, key=os.path.getsize), 100)
+
+
+@pytest.mark.heavy
+class DamagedCheckpointTest(absltest.TestCase):
+  """A damaged newest checkpoint: train resumes and eval plays the one before it."""
+
+  def test_train_and_eval_fall_back_to_the_newest_readable_checkpoint(self):
+    root = tempfile.mkdtemp(prefix="train_test_damaged_")
+    self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+    config = _smallest_config()
+    whole, damaged = os.path.join(root, "whole"), os.path.join(root, "damaged")
+    want = _run(config, whole)
+    shutil.copytree(whole, damaged)
+    _truncate(damaged, 3)
+    skip = "^" + re.escape(f"skipped checkpoint 3 of {damaged}: unreadable (") + (
+        r"OUT_OF_RANGE: .+\); it stays on disk; using checkpoint 2$")
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+      played = eval_job.evaluate_run(damaged, output=os.path.join(root, "eval.json"))
+    self.assertEqual(played["checkpoint_step"], 2)
+    self.assertLen(out.getvalue().splitlines(), 1)
+    self.assertRegex(out.getvalue().strip(), skip)
+    self.assertTrue(os.path.isdir(os.path.join(damaged, "checkpoints", "3")))  # left on disk
+
+    # Training resumes from 2 and writes step 3 again (replacing the damaged
+    # one): the uninterrupted run's result, records and final state.
+    with mock.patch.object(train_job, "announce", wraps=train_job.announce) as said:
+      got = _run(config, damaged)
+    lines = [c.args[0] for c in said.call_args_list]
+    self.assertRegex(lines[0], skip)
+    self.assertEqual(lines[1], f"resuming from step 2 of 3 in {damaged}")
+    self.assertEqual({k: v for k, v in got.items() if k != "seconds"},
+                     {k: v for k, v in want.items() if k != "seconds"})
+    self.assertEqual(
+        [_deterministic(r) for r in jtrain.read_metrics(os.path.join(damaged, "metrics.jsonl"))],
+        [_deterministic(r) for r in jtrain.read_metrics(os.path.join(whole, "metrics.jsonl"))])
+    exp = common.Experiment(config)
+    (w_state, _), (g_state, meta) = _restore(exp, whole), _restore(exp, damaged)
+    self.assertEqual(int(g_state.step), 3)
+    self.assertEqual(meta["summary"]["rl"], want["rl"])
+    for w, g in zip(jax.tree.leaves(w_state.params), jax.tree.leaves(g_state.params)):
+      np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+    # None reads back: one error naming the directory and what to do, for both.
+    for step in (1, 2, 3):
+      _truncate(damaged, step)
+    error = "^" + re.escape(f"--workdir={damaged}: no checkpoint in {damaged}/checkpoints reads "
+                            "back (checkpoint 3: ") + r".+; checkpoint 2: .+; checkpoint 1: .+" + (
+        re.escape(f"). Remove {damaged}/checkpoints to start the run over (its config.json "
+                  "stays), or pass a new --workdir.") + "$")
+    with self.assertRaisesRegex(common.ConfigError, error):
+      _run(config, damaged)
+    with self.assertRaisesRegex(common.ConfigError, error):
+      eval_job.evaluate_run(damaged)
 
 
 @pytest.mark.heavy
