@@ -239,9 +239,6 @@ def ragen_config(sizes: Sizes):
       c.rollout[field] = value
   if sizes.ragen_groups or sizes.ragen_group_size:
     c.rl.num_minibatches = 1  # ragen.py's 32-row minibatches assume 8 x 16 rollouts
-  if sizes.ragen_turns:
-    c.rollout.max_actions_per_traj = min(c.rollout.max_actions_per_traj,
-                                         sizes.ragen_turns * c.prompt.max_actions_per_turn)
   return c
 
 
