@@ -51,8 +51,9 @@ Sizes: accelerator defaults (:func:`default_sizes`); on a CPU backend (or
 with ``--toy``) toy sizes instead (tiny models, a few steps: every section in
 a minute or two, as the test suite runs it). Any size flag overrides either.
 Unless set, ``XLA_PYTHON_CLIENT_PREALLOCATE=false``: jax takes device memory
-as it needs it instead of 75% up front, so the RAGEN step (~60 GiB estimated
-on one device, docs/scaling.md) fits an 80 GB GPU and torch gets the rest.
+as it needs it instead of 75% up front, so the RAGEN step (60-71 GiB
+estimated on one device, +-30%, docs/scaling.md) can use most of an 80 GB GPU
+and torch gets what jax leaves.
 
 Prints one table (a row per section as it finishes) and one JSON line with
 every figure. Speed is measured here, never in tests.
