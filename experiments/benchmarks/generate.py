@@ -51,14 +51,27 @@ from experiments.benchmarks import roofline
 from experiments.benchmarks import timing
 from jagent import models
 
-_BATCH = flags.DEFINE_integer("batch", 64, "Rows generated in parallel.")
-_PROMPT = flags.DEFINE_integer("prompt", 32, "Prompt tokens per row.")
-_NEW = flags.DEFINE_integer("new", 128, "New tokens per row.")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats; the best is reported.")
-_CONFIGS = flags.DEFINE_list("configs", ["tiny", "small-10m"], "Named model configs.")
-_HF = flags.DEFINE_bool("hf", True, "Also time transformers (if installed).")
-_IMPLS = flags.DEFINE_list("attention_impls", ["auto"],
-                           "ModelConfig.attention_impl values timed side by side.")
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
+  """Defines the command's flags on ``flag_values`` (by ``__main__`` only).
+
+  Not at import, so other programs (``experiments.benchmarks.accelerator``)
+  can import this module's functions next to their own flags.
+  """
+  flags.DEFINE_integer("batch", 64, "Rows generated in parallel.", flag_values=flag_values)
+  flags.DEFINE_integer("prompt", 32, "Prompt tokens per row.", flag_values=flag_values)
+  flags.DEFINE_integer("new", 128, "New tokens per row.", flag_values=flag_values)
+  flags.DEFINE_integer("repeats", 5, "Timed repeats; the best is reported.",
+                       flag_values=flag_values)
+  flags.DEFINE_list("configs", ["tiny", "small-10m"], "Named model configs.",
+                    flag_values=flag_values)
+  flags.DEFINE_bool("hf", True, "Also time transformers (if installed).",
+                    flag_values=flag_values)
+  flags.DEFINE_list("attention_impls", ["auto"],
+                    "ModelConfig.attention_impl values timed side by side.",
+                    flag_values=flag_values)
+  return flag_values
 
 
 def ours(params, config, prompt, new):
@@ -115,46 +128,79 @@ def hf_missing(enabled: bool = True) -> str | None:
   return peers.missing(("torch", "transformers"), "hf")
 
 
-def hf_generate(params, config, prompt, new):
-  """A warmed-up call of transformers' generate with the same weights (see :func:`hf_missing`)."""
+def hf_model(params, config, device: str = "cpu"):
+  """``params`` exported with ``save_hf_checkpoint`` and loaded by transformers on ``device``.
+
+  Args:
+    params: the model's parameters (any device; gathered to the host).
+    config: their ``jagent.models.ModelConfig``; the torch model computes in
+      ``config.dtype`` (e.g. ``torch.bfloat16`` for "bfloat16").
+    device: a torch device name ("cpu", "cuda").
+
+  Returns:
+    The ``transformers`` model (eval mode; its default attention).
+
+  Raises:
+    ImportError: torch or transformers is not installed (:func:`hf_missing`).
+  """
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  torch.set_num_threads(os.cpu_count() or 1)
   with tempfile.TemporaryDirectory() as tmp:
     models.save_hf_checkpoint(params, config, tmp)
-    model = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
-  ids = torch.from_numpy(np.asarray(prompt, np.int64))
+    # use_kernels=False: transformers' own PyTorch layers (its default swaps in
+    # kernels fetched from the Hugging Face Hub, a download at run time).
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp, dtype=getattr(torch, config.dtype), use_kernels=False)
+  return model.to(device).eval()
+
+
+def hf_generate(params, config, prompt, new, device: str = "cpu"):
+  """A warmed-up call of transformers' generate with the same weights (see :func:`hf_missing`).
+
+  On "cpu" torch uses every core; on "cuda" each call waits for the GPU
+  (``torch.cuda.synchronize``) so its wall time includes the work.
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  if device == "cpu":
+    torch.set_num_threads(os.cpu_count() or 1)
+  model = hf_model(params, config, device)
+  ids = torch.from_numpy(np.asarray(prompt, np.int64)).to(device)
   mask = torch.ones_like(ids)
 
   def run():
     with torch.no_grad():
-      return model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0,
-                            top_k=0, top_p=1.0, max_new_tokens=new, min_new_tokens=new,
-                            eos_token_id=None, pad_token_id=config.pad_id)
+      out = model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0,
+                           top_k=0, top_p=1.0, max_new_tokens=new, min_new_tokens=new,
+                           eos_token_id=None, pad_token_id=config.pad_id)
+    if device != "cpu":
+      torch.cuda.synchronize()
+    return out
   out = run()
   assert out.shape == (prompt.shape[0], prompt.shape[1] + new), out.shape
   return run
 
 
-def main(argv):
+def main(argv, flag_values: flags.FlagValues = flags.FLAGS):
+  """Runs the benchmark with ``flag_values`` (see :func:`define_flags`)."""
   del argv
-  b, p, n = _BATCH.value, _PROMPT.value, _NEW.value
+  fv = flag_values
+  b, p, n = fv.batch, fv.prompt, fv.new
   bw = roofline.copy_bandwidth()
   rate = roofline.matmul_flops_per_s()
   print(f"devices={jax.devices()} copy bandwidth {bw / 1e9:.1f} GB/s; matmul "
         f"{rate / 1e9:.0f} GFLOP/s; batch {b}, prompt {p}, new {n}")
-  impls = _IMPLS.value
+  impls = fv.attention_impls
   for impl in impls:
     models.ModelConfig(attention_impl=impl)  # a bad name fails before any compile
   header = (f"{'config':>10} {'impl':>9} {'params':>8} {'ours tok/s':>11} {'hf tok/s':>9} "
             f"{'ratio':>6} {'x first':>7} {'decode ms':>9} {'roofline ms':>11} {'x roof':>6} "
             f"{'compute ms':>10} {'x max':>6}")
-  skipped = hf_missing(_HF.value)
+  skipped = hf_missing(fv.hf)
   if skipped:
     print(f"hf column empty: {skipped}")
   print(header)
   rows = []
-  for name in _CONFIGS.value:
+  for name in fv.configs:
     base = models.get_config(name)
     params = models.init(base, jax.random.key(0))
     prompt = jax.random.randint(jax.random.key(1), (b, p), 3, base.vocab_size)
@@ -164,7 +210,7 @@ def main(argv):
     hf_run = None if skipped else hf_generate(params, base, prompt, n)
     if hf_run is not None:
       fns["hf"] = (hf_run, lambda _: None)
-    best = {k: min(v) for k, v in timing.interleaved_seconds(fns, _REPEATS.value).items()}
+    best = {k: min(v) for k, v in timing.interleaved_seconds(fns, fv.repeats).items()}
     hf_tps = b * n / best["hf"] if "hf" in best else None
     slots = p + n
     weight_bytes, kv_bytes = roofline.decode_step_bytes(params, base, b, slots)
@@ -174,7 +220,7 @@ def main(argv):
       config = configs[impl]
       ours_tps = b * n / best[impl]
       x_first = best[impl] / best[impls[0]]
-      step = decode_step_seconds(params, config, b, p, n, _REPEATS.value)
+      step = decode_step_seconds(params, config, b, p, n, fv.repeats)
       times_max = step / max(roof, compute)
       row = dict(config=name, attention_impl=impl, params=config.num_params(), batch=b,
                  prompt=p, new=n, ours_tokens_per_s=round(ours_tps, 1),
@@ -198,4 +244,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -66,30 +66,40 @@ from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from experiments import common  # pylint: disable=g-import-not-at-top,wrong-import-position
+from experiments.benchmarks import roofline  # pylint: disable=g-import-not-at-top
 from experiments.benchmarks import timing  # pylint: disable=g-import-not-at-top
 from jagent import models  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jagent import sharding  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jagent import train  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jagent import transforms  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", str(pathlib.Path(__file__).parent.parent / "configs" / "tiny.py"),
-    "The run's config (experiments/configs/*.py[:arg]); its mesh is set per N.")
-_DEVICES = flags.DEFINE_list(
-    "devices", [], "Device counts N (a data:N mesh of the first N devices); default: the "
-    "powers of two up to the device count (1,2,4,8 with the 8 fake CPU devices).")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per row; the best is reported.")
-_MFU = flags.DEFINE_enum("mfu", "auto", ["auto", "on", "off"],
-                         "Model FLOP/s utilisation rows: auto = only on an accelerator.")
-_MFU_MODELS = flags.DEFINE_list("mfu_models", ["tiny", "small-10m"],
-                                "jagent.models named configs for the MFU rows.")
-_MFU_BATCH = flags.DEFINE_integer("mfu_batch", 64, "Rows of the MFU train step.")
-_MFU_SEQ = flags.DEFINE_integer("mfu_seq", 512, "Tokens per row of the MFU train step.")
-_MFU_LORA_RANK = flags.DEFINE_integer(
-    "mfu_lora_rank", 0, "> 0: also time each MFU model's step with rank-r all-linear LoRA "
-    "adapters on the frozen model (0: full fine-tuning only).")
-_PEAK = flags.DEFINE_float("peak_tflops", None,
-                           "Peak dense TFLOP/s of ONE device (the chip's datasheet value).")
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
+  """Defines the command's flags on ``flag_values`` (by ``__main__`` only).
+
+  Not at import, so other programs (``experiments.benchmarks.accelerator``)
+  can import :func:`measure_mfu` next to their own flags.
+  """
+  fv = {"flag_values": flag_values}
+  config_flags.DEFINE_config_file(
+      "config", str(pathlib.Path(__file__).parent.parent / "configs" / "tiny.py"),
+      "The run's config (experiments/configs/*.py[:arg]); its mesh is set per N.", **fv)
+  flags.DEFINE_list(
+      "devices", [], "Device counts N (a data:N mesh of the first N devices); default: the "
+      "powers of two up to the device count (1,2,4,8 with the 8 fake CPU devices).", **fv)
+  flags.DEFINE_integer("repeats", 3, "Timed calls per row; the best is reported.", **fv)
+  flags.DEFINE_enum("mfu", "auto", ["auto", "on", "off"],
+                    "Model FLOP/s utilisation rows: auto = only on an accelerator.", **fv)
+  flags.DEFINE_list("mfu_models", ["tiny", "small-10m"],
+                    "jagent.models named configs for the MFU rows.", **fv)
+  flags.DEFINE_integer("mfu_batch", 64, "Rows of the MFU train step.", **fv)
+  flags.DEFINE_integer("mfu_seq", 512, "Tokens per row of the MFU train step.", **fv)
+  flags.DEFINE_integer(
+      "mfu_lora_rank", 0, "> 0: also time each MFU model's step with rank-r all-linear LoRA "
+      "adapters on the frozen model (0: full fine-tuning only).", **fv)
+  flags.DEFINE_float("peak_tflops", None,
+                     "Peak dense TFLOP/s of ONE device (the chip's datasheet value).", **fv)
+  return flag_values
 
 
 def _check_int(name: str, v: Any, low: int = 1) -> int:
@@ -194,14 +204,16 @@ def measure_mesh(config, n: int, params, batch, repeats: int) -> dict[str, Any]:
 
 
 def measure_mfu(model: str, batch: int, seq: int, repeats: int, peak_tflops: float | None,
-                num_devices: int | None = None, lora_rank: int = 0) -> dict[str, Any]:
+                num_devices: int | None = None, lora_rank: int = 0, *,
+                dtype: str | None = None, attention_flops: bool = False) -> dict[str, Any]:
   """Model FLOP/s utilisation of one SFT step of ``model`` on ``num_devices``.
 
   An ``fsdp`` mesh of the first ``num_devices`` devices (default: all).
 
-  FLOPs per step: ``6 x num_params x batch x seq`` (forward 2, backward 4
-  per parameter and token; attention scores not counted), also with LoRA
-  (full-model-equivalent, see the module docstring).
+  FLOPs per step: ``roofline.train_step_flops``: ``6 x num_params x batch x
+  seq`` (forward 2, backward 4 per parameter and token), plus the attention
+  scores with ``attention_flops``; also with LoRA (full-model-equivalent, see
+  the module docstring).
 
   Args:
     model: a ``jagent.models`` config name (random weights).
@@ -211,6 +223,10 @@ def measure_mfu(model: str, batch: int, seq: int, repeats: int, peak_tflops: flo
     num_devices: the first this many devices (default: all).
     lora_rank: > 0: train rank-``lora_rank`` all-linear adapters (alpha
       ``2 x rank``) on the frozen model instead of every weight.
+    dtype: the activation dtype (``ModelConfig.dtype``, e.g. "bfloat16":
+      mixed precision over float32 weights); None: the named config's.
+    attention_flops: count the attention term of
+      ``roofline.train_step_flops`` (PaLM's model FLOPs).
 
   Returns:
     the row's dict (``lora_rank`` included; seconds, TFLOP/s, tokens/s, MFU).
@@ -222,7 +238,7 @@ def measure_mfu(model: str, batch: int, seq: int, repeats: int, peak_tflops: flo
   lora_rank = _check_int("mfu_lora_rank", lora_rank, 0)
   if model not in models.config_names():
     raise ValueError(f"--mfu_models: {model!r} is not one of {models.config_names()}")
-  cfg = models.get_config(model)
+  cfg = models.get_config(model, **({"dtype": dtype} if dtype else {}))
   if seq > cfg.max_position:
     raise ValueError(f"--mfu_seq={seq}: {model} has {cfg.max_position} positions")
   n = jax.device_count() if num_devices is None else num_devices
@@ -262,7 +278,8 @@ def measure_mfu(model: str, batch: int, seq: int, repeats: int, peak_tflops: flo
   out = {"model": model, "params": cfg.num_params(), "lora_rank": lora_rank, "devices": n,
          "batch": batch, "seq": seq, "compile_seconds": time.perf_counter() - t0}
   out.update(_timed(one_step, repeats))
-  flops = 6.0 * cfg.num_params() * batch * seq
+  flops = roofline.train_step_flops(cfg, batch, seq, attention=attention_flops)
+  out["flops_per_step"] = flops
   out["tflops_per_s"] = flops / out["seconds"] / 1e12
   out["tokens_per_s"] = batch * seq / out["seconds"]
   out["peak_tflops_per_device"] = peak_tflops
@@ -372,12 +389,15 @@ def report(res: dict[str, Any]) -> None:
   print(json.dumps(res, default=float))
 
 
-def main(argv):
+def main(argv, flag_values: flags.FlagValues = flags.FLAGS):
+  """Runs the benchmark with ``flag_values`` (see :func:`define_flags`)."""
   del argv
+  fv = flag_values
   common.setup_compilation_cache()
-  report(run(_CONFIG.value, _DEVICES.value, _REPEATS.value, _MFU.value, _MFU_MODELS.value,
-             _MFU_BATCH.value, _MFU_SEQ.value, _PEAK.value, _MFU_LORA_RANK.value))
+  report(run(fv.config, fv.devices, fv.repeats, fv.mfu, fv.mfu_models, fv.mfu_batch,
+             fv.mfu_seq, fv.peak_tflops, fv.mfu_lora_rank))
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -34,6 +34,41 @@ class DecodeStepFlopsTest(absltest.TestCase):
     self.assertEqual(roofline.decode_step_bytes(params, config, batch, slots),
                      (4 * config.num_params(), 2 * 3 * 8 * 2 * 48 * 32 * 4))
 
+  def test_kv_cache_bytes_follow_the_activation_dtype(self):
+    config = models.get_config("tiny", dtype="bfloat16", param_dtype="bfloat16")
+    params = models.init(config, jax.random.key(0))
+    # bfloat16: 2 bytes per weight and per cached key or value.
+    self.assertEqual(roofline.decode_step_bytes(params, config, 8, 48),
+                     (2 * config.num_params(), 2 * 3 * 8 * 2 * 48 * 32 * 2))
+
+
+class TrainStepFlopsTest(absltest.TestCase):
+
+  def test_by_hand(self):
+    config = models.get_config("qwen2.5-0.5b")
+    n = 494_032_768  # Qwen2.5-0.5B's parameter count, tied embeddings counted once
+    self.assertEqual(config.num_params(), n)
+    # 8 x 1024 tokens: 6 N T, plus 12 x 24 layers x 14 heads x 64 x 1024 per token.
+    tokens = 8 * 1024
+    self.assertEqual(roofline.train_step_flops(config, 8, 1024, attention=False), 6.0 * n * tokens)
+    self.assertEqual(roofline.train_step_flops(config, 8, 1024),
+                     6.0 * n * tokens + 12.0 * 24 * 14 * 64 * 1024 * tokens)
+
+
+class PeakTflopsTest(absltest.TestCase):
+
+  def test_device_kinds(self):
+    cases = {
+        "NVIDIA H100 80GB HBM3": 989.0, "NVIDIA H100 PCIe": 756.0, "NVIDIA H100 NVL": 835.0,
+        "NVIDIA H200": 989.0, "NVIDIA GH200 480GB": 989.0, "NVIDIA A100-SXM4-80GB": 312.0,
+        "NVIDIA A100 80GB PCIe": 312.0, "NVIDIA L4": 121.0, "NVIDIA L40S": 362.0,
+        "TPU v4": 275.0, "TPU v5 lite": 197.0, "TPU v5": 459.0, "TPU v5p": 459.0,
+        "TPU v6 lite": 918.0, "cpu": None, "Tesla V100-SXM2-16GB": None,
+    }
+    for kind, peak in cases.items():
+      with self.subTest(kind):
+        self.assertEqual(roofline.peak_tflops(kind), peak)
+
 
 if __name__ == "__main__":
   absltest.main()
