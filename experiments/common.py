@@ -773,6 +773,11 @@ def validate(config, num_devices: int | None = None) -> None:
                "(pass --config.model_dir=<a Hugging Face model directory>)")
   if config.model not in models.config_names() and not config.model_dir:
     raise _bad("model", config.model, f"unknown; known: {models.config_names()}")
+  # The model fields a run sets (absent in runs saved before them), checked
+  # by ModelConfig itself.
+  _named(models.ModelConfig, {
+      "dtype": ("compute_dtype", config.get("compute_dtype", "float32")),
+      "attention_impl": ("attention_impl", config.get("attention_impl", "auto"))})
   prompt_config(config)
   r = rollout_config(config)
   # Group-relative advantages (GRPO, RLOO, GiGPO, ...) are all 0 with one
@@ -983,8 +988,10 @@ class Experiment:
       self.model_config = models.read_hf_config(c.model_dir)
     else:
       self.model_config = models.get_config(c.model)
-    if c.get("remat", False):  # absent in runs saved before the field
-      self.model_config = self.model_config.replace(remat=True)
+    # Absent in runs saved before the fields: float32 compute, "auto".
+    self.model_config = self.model_config.replace(
+        remat=bool(c.get("remat", False)), dtype=c.get("compute_dtype", "float32"),
+        attention_impl=c.get("attention_impl", "auto"))
     self.lora_config = lora_config(c, self.model_config)  # None: LoRA off
     random_base = lora_base_warning(c)
     if random_base:

@@ -145,6 +145,8 @@ _SURFACES["jagent.transforms"] = [
 ]
 
 _SURFACES["jagent.models"] = [
+    "ATTENTION_IMPLS",
+    "DTYPES",
     "GenerateOutput",
     "KVCache",
     "LORA_MODULES",

@@ -59,6 +59,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Rematerialize each decoder block in the backward pass (ModelConfig.remat):
   # less activation memory for ~1 more forward of compute; off for tiny models.
   c.remat = False
+  # The dtype of activations and the KV cache (ModelConfig.dtype): "bfloat16"
+  # halves both; weights, gradients and Adam moments stay in the model's
+  # parameter dtype (float32), and logits and losses are computed in float32.
+  c.compute_dtype = "float32"
+  # The attention kernel (ModelConfig.attention_impl): "auto" picks by
+  # platform (jagent's XLA attention on CPU, cuDNN on GPU, Pallas on TPU).
+  c.attention_impl = "auto"
   # LoRA adapters (jagent.models.LoraConfig) on a frozen base; rank 0: off
   # (every weight trains). target_modules: "all-linear" or names from q, k, v,
   # o, gate, up, down ("q,v"). Only the adapters and their Adam moments are

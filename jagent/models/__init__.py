@@ -22,9 +22,11 @@ from jagent.models._checkpoint import load_peft_adapter
 from jagent.models._checkpoint import read_hf_config
 from jagent.models._checkpoint import save_hf_checkpoint
 from jagent.models._checkpoint import save_peft_adapter
+from jagent.models._config import ATTENTION_IMPLS
 from jagent.models._config import config_from_hf
 from jagent.models._config import config_names
 from jagent.models._config import config_to_hf
+from jagent.models._config import DTYPES
 from jagent.models._config import get_config
 from jagent.models._config import ModelConfig
 from jagent.models._lora import init_lora
@@ -52,6 +54,8 @@ from jagent.models._transformer import Params
 from jagent.models._transformer import rope_inv_freq
 
 __all__ = (
+    "ATTENTION_IMPLS",
+    "DTYPES",
     "GenerateOutput",
     "KVCache",
     "LORA_MODULES",

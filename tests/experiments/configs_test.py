@@ -148,6 +148,14 @@ class RagenConfigsTest(parameterized.TestCase):
     self.assertEqual(c.rl.num_microbatches, -1)
     self.assertEqual(exp.train_config.num_microbatches, 32)
     self.assertTrue(exp.model_config.remat)
+    self.assertEqual((exp.model_config.dtype, exp.model_config.param_dtype,
+                      exp.model_config.attention_impl), ("float32", "float32", "auto"))
+    c.compute_dtype, c.attention_impl = "bfloat16", "xla"
+    mc = common.Experiment(c).model_config
+    # bfloat16 activations and KV cache over float32 weights (and moments).
+    self.assertEqual((mc.dtype, mc.param_dtype, mc.attention_impl),
+                     ("bfloat16", "float32", "xla"))
+    c.compute_dtype, c.attention_impl = "float32", "auto"
     c.mesh = "data:8"
     self.assertEqual(common.Experiment(c).train_config.num_microbatches, 4)  # 8 fake devices
 
