@@ -3,9 +3,10 @@
 #
 # Make, reset, step, render and vmap the RAGEN environments (Sokoban, FrozenLake, Bandit,
 # Countdown) and RAGEN-2's (CoordSokoban, CoordFrozenLake, Sudoku, 2048, the 2x2 Rubik's
-# cube) in pure JAX; the last cell visits every registered id. Open `colab/envs_tour.ipynb` in Colab or Jupyter from your clone.
-# `colab/envs_tour.py` is its `# %%` twin: the test suite runs the twin and checks that
-# the notebook's cells are the same, so neither can rot.
+# cube) in pure JAX; the last cell visits every registered id. Open
+# `colab/envs_tour.ipynb` in Colab or Jupyter from your clone. `colab/envs_tour.py` is its
+# `# %%` twin: the test suite runs the twin and checks that the notebook's cells are the
+# same, so neither can rot.
 
 # %%
 # On Colab (jagent is not on PyPI), install it from your copy first: a wheel built in
