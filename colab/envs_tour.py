@@ -2,9 +2,11 @@
 # # envs_jax tour: jit-compiled, batched text-agent environments
 #
 # Make, reset, step, render and vmap the RAGEN environments (Sokoban, FrozenLake, Bandit,
-# Countdown) in pure JAX. Open `colab/envs_tour.ipynb` in Colab or Jupyter from your clone.
-# `colab/envs_tour.py` is its `# %%` twin: the test suite runs the twin and checks that
-# the notebook's cells are the same, so neither can rot.
+# Countdown) and RAGEN-2's (CoordSokoban, CoordFrozenLake, Sudoku, 2048, the 2x2 Rubik's
+# cube) in pure JAX; the last cell visits every registered id. Open
+# `colab/envs_tour.ipynb` in Colab or Jupyter from your clone. `colab/envs_tour.py` is its
+# `# %%` twin: the test suite runs the twin and checks that the notebook's cells are the
+# same, so neither can rot.
 
 # %%
 # On Colab (jagent is not on PyPI), install it from your copy first: a wheel built in
@@ -109,3 +111,68 @@ _, _, reward, *_ = countdown.step(
     jax.random.key(8), cd_state, envs_jax.encode_countdown_answer(answer, countdown.max_answer_bytes), cd_params)
 print("reward:", float(reward))
 assert float(reward) == 1.0
+
+
+# %% [markdown]
+# ## RAGEN-2's games: each played by its scripted expert
+# CoordSokoban and CoordFrozenLake are Sokoban and FrozenLake with the pieces'
+# coordinates above the grid; Sudoku's action is answer text (bytes), the others'
+# an action id. `expert_answers` (the SFT demonstrations' source) reads unwrapped
+# host states and returns answer texts.
+
+# %%
+def unwrap(state):
+  """The game's own state inside wrapper states (TimeLimit), on the host."""
+  while hasattr(state, "env_state"):
+    state = state.env_state
+  return jax.device_get(state)
+
+
+def to_action(env, answer):
+  """An answer text as ``env``'s action: an action id, or a text game's byte buffer."""
+  if env.num_actions:
+    return env.action_names.index(answer)
+  raw = jnp.frombuffer(answer.encode(), jnp.uint8)
+  return jnp.zeros((env.max_answer_bytes,), jnp.uint8).at[: raw.size].set(raw)
+
+
+def play_expert(name, max_steps, seed=0):
+  """Plays ``name`` with its expert until the episode ends or ``max_steps``; prints it."""
+  env, params = envs_jax.make(name)
+  _, state = env.reset(jax.random.key(seed), params)
+  step = jax.jit(env.step)
+  total = 0.0
+  for t in range(max_steps):
+    answer = env.expert_answers([unwrap(state)], [params])[0]
+    _, state, reward, terminated, truncated, info = step(
+        jax.random.key(t), state, to_action(env, answer), params)
+    total += float(reward)
+    if terminated or truncated:
+      break
+  print(env.render_text(state))
+  print(f"{name}: {t + 1} expert steps, return {total:.2f}, "
+        f"success={bool(info['success'])}\n")
+  return info
+
+
+for name, max_steps in (("CoordSokoban-6x6-1box-v0", 30), ("CoordFrozenLake-4x4-v0", 30),
+                        ("Sudoku-4x4-v0", 16), ("RubiksCube-2x2-v0", 20)):
+  info = play_expert(name, max_steps)
+  if name != "CoordFrozenLake-4x4-v0":  # slippery: the intended move succeeds 1/3 of the time
+    assert bool(info["success"]), name
+play_expert("Game2048-4x4-v0", 60)  # no solver: a greedy expert, 60 moves
+
+# %% [markdown]
+# ## Every registered id: make, a vmapped reset and one random step
+
+# %%
+for name in envs_jax.registered():
+  env, params = envs_jax.make(name)
+  keys = jax.random.split(jax.random.key(9), 4)
+  _, states = jax.vmap(env.reset, in_axes=(0, None))(keys, params)
+  actions = jax.vmap(env.sample_action)(keys)
+  _, states, rewards, *_ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+      keys, states, actions, params)
+  first = env.render_text(jax.tree.map(lambda x: x[0], states)).splitlines()
+  print(f"{name:28s} rewards {[round(r, 2) for r in rewards.tolist()]}  first line: "
+        f"{first[0]!r}")

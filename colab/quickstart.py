@@ -173,8 +173,8 @@ show(demos, int(np.argmax(demos.success)))
 # `Phoenix` always pays 0.1; success = pulling `Dragon`) with GRPO.
 
 # %%
-# Tiny settings. The full-size main job (Sokoban, StarPO-S, 800 SFT steps, 500 RL steps,
-# 512 held-out levels) is the command line
+# Tiny settings. The full-size main job (`tiny.get_config()`: Sokoban, StarPO-S, its
+# step and level counts printed below) is the command line
 #   python -m experiments.train --workdir=$HOME/jagent_runs/sokoban
 # and any game x algorithm, with any config field overridden, e.g.
 #   python -m experiments.train --config=experiments/configs/tiny.py:Bandit-v0,grpo \
@@ -182,6 +182,9 @@ show(demos, int(np.argmax(demos.success)))
 from experiments import train as train_job
 from experiments.configs import tiny
 
+main_job = tiny.get_config()
+print(f"main job: {main_job.env}, {main_job.algorithm}, {main_job.sft.steps} SFT steps, "
+      f"{main_job.rl.steps} RL steps, {main_job.eval.num_levels} evaluation levels")
 config = tiny.get_config("Bandit-v0,grpo")
 config.model = "nano"
 config.rollout.update(dict(num_groups=8, group_size=4, temperature=1.0))

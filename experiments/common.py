@@ -324,6 +324,8 @@ def lora_config(config, model_config: models.ModelConfig | None = None
 
   Off when ``lora.rank`` is 0 (or the block is absent: runs saved before it).
   With ``model_config``, also checks that its family has every target module.
+  The other fields are checked even when off, so a typo (say
+  ``target_modules=bogus``) is refused before it silently costs a run.
 
   Raises:
     ValueError: a negative or non-int ``lora.rank``, or LoraConfig's own
@@ -333,9 +335,8 @@ def lora_config(config, model_config: models.ModelConfig | None = None
   lo = config.get("lora")
   if lo is None:
     return None
-  _require_int("lora.rank", lo.get("rank", 0), 0, "must be an int >= 0 (0: LoRA off)")
-  if lo.rank == 0:
-    return None
+  rank = lo.get("rank", 0)
+  _require_int("lora.rank", rank, 0, "must be an int >= 0 (0: LoRA off)")
 
   def build(**fields):
     lc = models.LoraConfig(**fields)
@@ -343,8 +344,11 @@ def lora_config(config, model_config: models.ModelConfig | None = None
       lc.check_model(model_config)
     return lc
 
-  return _named(build, {f: (f"lora.{f}", lo.get(f, d)) for f, d in (
-      ("rank", 0), ("alpha", 32.0), ("dropout", 0.0), ("target_modules", "all-linear"))})
+  # Rank 0 is checked as rank 1: LoraConfig refuses 0, the other fields stand.
+  lc = _named(build, {f: (f"lora.{f}", lo.get(f, d)) for f, d in (
+      ("alpha", 32.0), ("dropout", 0.0), ("target_modules", "all-linear"))},
+              rank=max(rank, 1))
+  return lc if rank else None
 
 
 LORA_BASE_DTYPES = ("float32", "bfloat16")
@@ -361,15 +365,16 @@ def lora_base_dtype(config) -> str | None:
     saved before it: the loaded dtype).
 
   Raises:
-    ConfigError: a value not in :data:`LORA_BASE_DTYPES`, naming the field.
+    ConfigError: a value not in :data:`LORA_BASE_DTYPES` (LoRA on or off),
+      naming the field.
   """
   lo = config.get("lora")
-  if lo is None or not lo.get("rank", 0):
+  if lo is None:
     return None
   dtype = lo.get("base_dtype", None)
   if dtype is not None and dtype not in LORA_BASE_DTYPES:
     raise _bad("lora.base_dtype", dtype, f"must be one of {LORA_BASE_DTYPES}")
-  return dtype
+  return dtype if lo.get("rank", 0) else None
 
 
 def lora_base_warning(config) -> str | None:

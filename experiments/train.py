@@ -99,7 +99,7 @@ def curve_smoothing(rl_steps: int) -> float:
   return round(min(0.98, max(0.5, 1.0 - 20.0 / max(rl_steps, 1))), 2)
 
 
-def curve_panels(config) -> tuple:
+def curve_panels(config, held_out_removed: int | None = None) -> tuple:
   """The panels of ``curves.png`` for a run of ``config`` (``jagent.train.PlotPanel``).
 
   The key panels first (two rows at four a row): held-out success at the
@@ -118,6 +118,10 @@ def curve_panels(config) -> tuple:
 
   Args:
     config: the run's config (``experiments/configs/tiny.py``'s fields).
+    held_out_removed: the run's ``common.Experiment.eval_levels_removed``: -1
+      when the game has too few distinct levels to hold any out, so the plain
+      levels were evaluated (and the run warned); the evaluation panels then
+      say "plain levels", as they do without ``eval.held_out``.
 
   Returns:
     a tuple of ``jagent.train.PlotPanel``; the keys they draw (lines and
@@ -129,7 +133,8 @@ def curve_panels(config) -> tuple:
   smooth = curve_smoothing(config.rl.steps)
   steps = (0, config.rl.steps)  # one x axis for every RL panel
   rl = {"smoothing": smooth, "min_step": 1, "xlim": steps}  # SFT writes steps <= 0
-  levels = f"{ev.num_levels} held-out levels"
+  held_out = ev.get("held_out", False) and held_out_removed != -1
+  levels = f"{ev.num_levels} {'held-out' if held_out else 'plain'} levels"
   diagnostics = config.get("diagnostics")  # RAGEN-2's collapse/*: a few steps only
   every = (f", every {diagnostics.every} steps" if diagnostics and diagnostics.get("every")
            else "")
@@ -472,7 +477,8 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
       save()  # after the evaluation it holds: a rerun writes no record twice
   ckpt.close()
   summary["seconds"] = round(time.time() - t_start, 1)
-  writer.plot(os.path.join(workdir, "curves.png"), panels=curve_panels(config), ncols=4,
+  writer.plot(os.path.join(workdir, "curves.png"), panels=curve_panels(
+      config, getattr(exp, "eval_levels_removed", None)), ncols=4,
               title=curve_title(config))
   writer.close()
   exp.export(workdir, state.params)

@@ -1,7 +1,8 @@
 """RAGEN-2's coordinate observations: ``CoordSokoban-6x6-1box-v0``, ``CoordFrozenLake-4x4-v0``.
 
 The games are our Sokoban and FrozenLake, unchanged (subclasses that only
-add text): RAGEN-2's ``observation_format: grid_coord``
+add text; the CoordFrozenLake id's default lakes are RAGEN-2's, see below):
+RAGEN-2's ``observation_format: grid_coord``
 (``config/envs.yaml`` tags ``CoordSokoban`` and ``CoordFrozenLake``) shows
 the zero-indexed ``(row, col)`` coordinates of the game's pieces above the
 usual symbol grid. Text layout (RAGEN's ``format_coordinate_render``)::
@@ -26,8 +27,14 @@ Ids (registered on import, with the base ids' step limits):
 * ``CoordSokoban-6x6-1box-v0``: ``Sokoban-6x6-1box-v0`` (RAGEN-2's default
   training env).
 * ``CoordFrozenLake-4x4-v0``: ``FrozenLake-4x4-v0`` (slippery, success rate
-  1/3). RAGEN-2's tag runs ``success_rate`` 0.8:
-  ``params.replace(success_rate=0.8)``.
+  1/3) on RAGEN-2's lakes: a generated tile is frozen with probability 0.9
+  (``frozen_prob``), not FrozenLake-4x4-v0's 0.8 (RAGEN v1's). RAGEN changed
+  ``FrozenLakeEnvConfig.p`` from 0.8 to 0.9 in commit b45d28c (2025-11-13),
+  and RAGEN-2's ``CoordFrozenLake`` tag keeps that default; as the parity
+  target of this id we follow it. Other values:
+  ``envs_jax.make("CoordFrozenLake-4x4-v0", frozen_prob=0.8)`` or
+  ``params.replace(frozen_prob=0.8)``. RAGEN-2's tag runs ``success_rate``
+  0.8: ``params.replace(success_rate=0.8)``.
 """
 
 from __future__ import annotations
@@ -220,6 +227,7 @@ def _coord_sokoban(max_steps: int = sokoban.MAX_STEPS, **kwargs) -> environment.
 
 def _coord_frozen_lake(**kwargs) -> environment.Environment:
   kwargs.setdefault("success_rate", 1.0 / 3.0)
+  kwargs.setdefault("frozen_prob", frozen_lake.RAGEN2_FROZEN_PROB)
   return wrappers.TimeLimit(CoordFrozenLake(**kwargs), frozen_lake.MAX_STEPS)
 
 

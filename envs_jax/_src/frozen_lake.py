@@ -40,6 +40,12 @@ _OBS_PLAYER_IN_HOLE, _OBS_PLAYER_ON_GOAL = 4, 5
 
 # RAGEN v1 "FrozenLake" episode limit: none in RAGEN; gymnasium 4x4 uses 100.
 MAX_STEPS = 100
+# RAGEN's FrozenLakeEnvConfig.p, the chance that a generated tile is frozen:
+# 0.8 in RAGEN v1, 0.9 since RAGEN commit b45d28c (2025-11-13, "Extensive
+# updates (#140)"), which RAGEN-2's config/envs.yaml FrozenLake and
+# CoordFrozenLake tags run with (neither overrides p).
+FROZEN_PROB = 0.8
+RAGEN2_FROZEN_PROB = 0.9
 
 
 @struct.dataclass
@@ -52,7 +58,8 @@ class FrozenLakeParams:
       as gymnasium's ``FrozenLake(success_rate=...)``. 1/3 = RAGEN v1 slippery,
       1.0 = deterministic, 0.8 = RAGEN-2.
     frozen_prob: probability that a generated tile is frozen (else a hole);
-      RAGEN's ``p=0.8``. Start and goal tiles are never holes.
+      RAGEN v1's ``p=0.8`` (``FROZEN_PROB``; RAGEN-2's is 0.9,
+      ``RAGEN2_FROZEN_PROB``). Start and goal tiles are never holes.
   """
 
   success_rate: jax.Array  # shape=(), dtype=float32, in [0, 1]
@@ -101,7 +108,7 @@ class FrozenLake(environment.Environment[FrozenLakeState, FrozenLakeParams]):
   """RAGEN's FrozenLake on random ``size x size`` lakes (default 4x4).
 
   Map generation (RAGEN ``generate_random_map``): each tile is frozen with
-  probability ``params.frozen_prob`` (0.8), else a hole; start and goal are
+  probability ``params.frozen_prob`` (0.8, RAGEN v1's ``p``), else a hole; start and goal are
   uniform over distinct tiles (not gymnasium's corners) and are never holes;
   a map is rejected until a hole-free 4-connected path joins start and goal.
   Here the rejection loop is bounded: ``num_candidates`` i.i.d. candidates are
@@ -152,7 +159,7 @@ class FrozenLake(environment.Environment[FrozenLakeState, FrozenLakeParams]):
       self,
       size: int = 4,
       success_rate: float = 1.0 / 3.0,
-      frozen_prob: float = 0.8,
+      frozen_prob: float = FROZEN_PROB,
       num_candidates: int = 32,
   ):
     """Builds the env.

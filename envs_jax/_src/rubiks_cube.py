@@ -174,7 +174,10 @@ class RubiksCube(environment.Environment[RubiksCubeState, RubiksCubeParams]):
 
   Text: RAGEN's ``render()`` exactly: the header, ``Step: k/max``, each face
   as two rows ``[W, O]`` / `` [G, R]``, then the list of moves and "What is
-  your next move?", or the game-over line once solved or out of steps.
+  your next move?", or the game-over line once a move solved the cube or
+  used the last step. A reset shows the moves even when the scramble left
+  the cube solved (an even ``scramble_depth`` can): RAGEN's ``reset``
+  renders with ``done=False`` whatever the cube.
 
   Raises:
     ValueError: on a bad ``scramble_depth``, ``max_steps`` or
@@ -310,7 +313,8 @@ class RubiksCube(environment.Environment[RubiksCubeState, RubiksCubeParams]):
       c = colors[4 * f: 4 * f + 4]
       parts.append(jnp.stack([jnp.int32(_ID[_FACE_OPEN[f]]), c[0], jnp.int32(sep), c[1],
                               jnp.int32(row_break), c[2], jnp.int32(sep), c[3]]))
-    solved = is_solved(state.stickers)
+    # Game over only after a move (RAGEN's step passes done; its reset never does).
+    solved = is_solved(state.stickers) & (state.steps > 0)
     ending = jnp.where(solved, 1, jnp.where(state.steps >= self.max_steps, 2, 0))
     parts.append((_ID[_ENDINGS[0]] + ending)[None].astype(jnp.int32))
     return jnp.concatenate(parts)

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from jagent._src.types import Array
 from jagent._src.types import ArrayLike
+from jagent.losses import _aggregation
 from jagent.losses import _checks
 
 
@@ -217,7 +218,7 @@ def turn_ends(mask_t: ArrayLike, turn_ids_t: ArrayLike | None = None) -> Array:
 
 def _turn_reward_at_ends(r_t, m_t, end_t):
   """Sum of the trained rewards of each turn, placed on its end token."""
-  c = jnp.cumsum(r_t * m_t)
+  c = jnp.cumsum(_aggregation.masked(r_t, m_t))
   idx = jnp.arange(c.shape[0])
   last_end = jax.lax.cummax(jnp.where(end_t, idx, -1))
   prev_end = jnp.concatenate([jnp.full((1,), -1, last_end.dtype), last_end[:-1]])
@@ -488,8 +489,8 @@ def masked_whiten(
   :math:`\hat x = (x - \mu) / \sqrt{\sigma^2 + \epsilon}` with :math:`\mu,
   \sigma^2` the mean and unbiased variance over ``mask > 0`` (``mask`` may be
   fractional: a weighted mean). With ``shift_mean=False`` the mean is added
-  back. Entries outside the mask are set to 0. One or zero masked entries
-  give variance 0.
+  back. Entries outside the mask are set to 0 and never read (they may be
+  NaN or inf). One or zero masked entries give variance 0.
 
   Args:
     x: float array of any shape (typically ``[B, T]``).
@@ -510,7 +511,10 @@ def masked_whiten(
   """
   _checks.check_same_shape(("x", "mask"), (x, mask))
   _checks.check_in_range("eps", eps, 0.0, float("inf"), lo_open=True)
-  x, m = _checks.f32(x), _checks.f32(mask)
+  m = _checks.f32(mask)
+  # Select before any arithmetic: a NaN or inf outside the mask then reaches
+  # neither the statistics nor a gradient.
+  x = jnp.where(m != 0, _checks.f32(x), 0.0)
   n = jnp.sum(m)
   mean = jnp.sum(x * m) / jnp.maximum(n, 1.0)
   var = jnp.sum(m * jnp.square(x - mean)) / jnp.maximum(n, 1.0)

@@ -7,6 +7,14 @@ of per-micro-batch means would weight micro-batches wrongly). A row whose mask
 is all zero (padding, or a group dropped by a rollout filter) adds nothing to
 any total or denominator, except the constant of ``seq-mean-token-sum-norm``.
 
+Masking selects rather than multiplies: a loss value where the mask is 0 (a
+NaN or inf log-prob on a padded token, say) reaches neither a total nor a
+gradient, where ``0 * nan = nan`` would poison both (as fixed in verl PR
+#6349). The gradient with respect to ``loss_bt`` is exactly 0 there. A
+caller that computes ``loss_bt`` from inputs that are non-finite at masked
+positions must also select those inputs before the computation (the "double
+where"): the zero cotangent times a non-finite local derivative is NaN.
+
 Modes (:math:`m` mask, :math:`l` loss, :math:`n_i = \\sum_t m_{i,t}`,
 :math:`N = |\\{i: n_i > 0\\}|`, ``L`` a constant horizon):
 
@@ -68,7 +76,25 @@ def _prep(loss_bt, mask_bt):
     _checks.check_rank(name, x, 2, "B, T")
   _checks.check_same_shape(("loss_bt", "mask_bt"), (loss_bt, mask_bt))
   m = _checks.f32(mask_bt)
-  return _checks.f32(loss_bt) * m, m
+  return masked(loss_bt, m), m
+
+
+def masked(x: ArrayLike, mask: ArrayLike) -> Array:
+  """``mask * x`` where ``mask != 0``, and exactly 0 elsewhere.
+
+  A select, not a product: a NaN or inf of ``x`` where ``mask == 0`` reaches
+  neither the result nor its gradient (``0 * nan`` is NaN). Finite input
+  gives ``mask * x`` bit for bit.
+
+  Args:
+    x: float array.
+    mask: float or bool array of the shape of ``x`` (fractional = weights).
+
+  Returns:
+    float32 array of the shape of ``x``.
+  """
+  m = _checks.f32(mask)
+  return jnp.where(m != 0, _checks.f32(x) * m, 0.0)
 
 
 def _num_sequences(m):

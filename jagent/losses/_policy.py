@@ -157,7 +157,9 @@ def gspo_loss(
 
   Returns:
     :class:`PolicyLoss` of shape ``[T]`` (``dual_clipped`` all False); entries
-    outside the mask are still computed, the aggregation masks them.
+    outside the mask are still computed, the aggregation masks them; the
+    log-probs there are never read (they may be NaN or inf), so they reach
+    neither the value nor the gradient.
 
   Raises:
     ValueError: on rank/shape mismatch or eps outside range.
@@ -172,8 +174,13 @@ def gspo_loss(
     _checks.check_rank(name, x, 1, "T")
   _checks.check_same_shape(names, arrays)
   _check_clip(eps_low, eps_high)
-  logp, m = _checks.f32(logprobs_t), _checks.f32(mask_t)
-  d = logp - _checks.f32(old_logprobs_t)
+  m = _checks.f32(mask_t)
+  # Log-probs outside the mask are never read (they may be NaN or inf on
+  # padding): selected away before the arithmetic, so neither the sequence
+  # ratio nor a gradient sees them.
+  keep = m != 0
+  logp = jnp.where(keep, _checks.f32(logprobs_t), 0.0)
+  d = logp - jnp.where(keep, _checks.f32(old_logprobs_t), 0.0)
   seq_log_ratio = jnp.sum(m * d) / jnp.maximum(jnp.sum(m), 1.0)
   log_ratio = logp - jax.lax.stop_gradient(logp) + jax.lax.stop_gradient(
       seq_log_ratio)

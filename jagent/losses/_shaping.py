@@ -174,6 +174,8 @@ def running_norm_update(x: ArrayLike, state: RunningNormState,
   else:
     _checks.check_same_shape(("x", "mask"), (x, mask))
     m = _checks.f32(mask)
+    # Unread where the mask is 0, so a NaN or inf there changes nothing.
+    x = jnp.where(m != 0, x, 0.0)
   n_b = jnp.sum(m)
   mean_b = jnp.sum(x * m) / jnp.maximum(n_b, 1.0)
   m2_b = jnp.sum(m * jnp.square(x - mean_b))

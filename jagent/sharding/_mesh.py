@@ -71,16 +71,17 @@ def parse_mesh_spec(spec: str, num_devices: int) -> tuple[int, int, int]:
     sizes[name] = n
   fixed = math.prod(n for n in sizes.values() if n != -1)
   rest = [a for a, n in sizes.items() if n == -1]
+  devices = f"the {num_devices} device{'' if num_devices == 1 else 's'}"
   if rest:
     if num_devices % fixed:
       raise ValueError(f"mesh spec {spec!r}: the fixed sizes (product {fixed}) do not "
-                       f"divide the {num_devices} devices, so -1 on {rest[0]!r} is "
+                       f"divide {devices}, so -1 on {rest[0]!r} is "
                        f"not a whole number.")
     sizes[rest[0]] = num_devices // fixed
   shape = tuple(sizes.get(a, 1) for a in MESH_AXES)
   if math.prod(shape) != num_devices:
     raise ValueError(f"mesh spec {spec!r}: sizes {dict(zip(MESH_AXES, shape))} "
-                     f"multiply to {math.prod(shape)}, not the {num_devices} devices.")
+                     f"multiply to {math.prod(shape)}, not {devices}.")
   return shape
 
 

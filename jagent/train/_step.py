@@ -50,6 +50,7 @@ from jagent import models
 from jagent import transforms
 from jagent._src.types import Array
 from jagent._src.types import PyTree
+from jagent.losses import _aggregation
 from jagent.train import _critic
 from jagent.train import _logprobs
 from jagent.train import _optim
@@ -120,7 +121,8 @@ def nll_loss(outputs: transforms.ModelOutputs,
              batch: transforms.Batch) -> transforms.LossOutput:
   """Behaviour-cloning loss: token-mean negative log-likelihood over the mask.
 
-  ``loss_sum = -sum(m * logprobs)``, ``denominator = sum(m)``; same interface
+  ``loss_sum = -sum(m * logprobs)`` (log-probs where ``m == 0`` are never
+  read), ``denominator = sum(m)``; same interface
   as :attr:`jagent.transforms.Objective.loss`, so it accumulates exactly.
 
   Args:
@@ -140,7 +142,9 @@ def nll_loss(outputs: transforms.ModelOutputs,
   if m.shape != jnp.shape(outputs.logprobs):
     raise ValueError(f"nll_loss: loss_mask shape {m.shape} != logprobs shape "
                      f"{jnp.shape(outputs.logprobs)}.")
-  total = -jnp.sum(m * outputs.logprobs)
+  # A select, not ``m * logprobs``: a -inf log-prob on a padded token would
+  # make the total and the gradient NaN.
+  total = -jnp.sum(_aggregation.masked(outputs.logprobs, m))
   den = jnp.sum(m)
   return transforms.LossOutput(total, den, {
       "sft/nll": losses.safe_ratio(jax.lax.stop_gradient(total), den),
@@ -376,8 +380,8 @@ def _train_step(state: _state.TrainState, batch: transforms.Batch, *,
   if has_ref:
     batch = batch.replace(ref_logprobs=pre["ref"])
   if pre is not None and batch.sampler_logprobs is not None:
-    diff = jnp.abs(pre["old"] - jnp.asarray(batch.sampler_logprobs,
-                                            jnp.float32)) * mask0
+    diff = _aggregation.masked(jnp.abs(pre["old"] - jnp.asarray(
+        batch.sampler_logprobs, jnp.float32)), mask0)
     metrics["rollout/logprob_diff_mean"] = _metric_mean(diff, mask0)
     metrics["rollout/logprob_diff_max"] = jnp.where(jnp.any(mask0 > 0), jnp.max(diff),
                                                     jnp.nan)

@@ -11,6 +11,7 @@ from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy import ndimage
 
 import envs_jax
 from envs_jax._src import coord_grids
@@ -203,6 +204,52 @@ class TextTest(parameterized.TestCase):
       coord_grids.CoordSokoban(height=11, width=6)
     with self.assertRaisesRegex(ValueError, "single digits"):
       coord_grids.CoordFrozenLake(size=11)
+
+
+def exact_lake_statistics(frozen_prob):
+  """``(E[holes], P(no hole))`` of RAGEN's 4x4 lakes, exactly.
+
+  RAGEN's generator (tiles frozen with probability ``frozen_prob``, distinct
+  uniform start and goal forced frozen, rejected until a path joins them) by
+  enumeration: each hole set ``H`` of the 14 other tiles has probability
+  ``(1 - p)^|H| p^(14 - |H|)`` per (start, goal) pair, and is accepted for
+  the ordered pairs inside one 4-connected component of the other tiles.
+  """
+  holes = np.array([bin(m).count("1") for m in range(1 << 16)])
+  pairs = np.zeros(1 << 16)
+  for m in range(1 << 16):
+    free = ((m >> np.arange(16)) & 1).reshape(4, 4) == 0
+    sizes = np.bincount(ndimage.label(free)[0].ravel())[1:]
+    pairs[m] = np.sum(sizes * (sizes - 1))
+  w = (1 - frozen_prob) ** holes * frozen_prob ** np.maximum(14 - holes, 0) * pairs
+  return (w * holes).sum() / w.sum(), w[holes == 0].sum() / w.sum()
+
+
+class MapTest(absltest.TestCase):
+
+  def test_coord_lakes_are_ragen2s_p_0_9(self):
+    env, params = envs_jax.make("CoordFrozenLake-4x4-v0")
+    self.assertAlmostEqual(float(params.frozen_prob), 0.9, places=6)
+    self.assertAlmostEqual(float(envs_jax.make("FrozenLake-4x4-v0")[1].frozen_prob), 0.8,
+                           places=6)
+    n = 4000
+    tiles, _, found = jax.jit(jax.vmap(env.unwrapped.generate_map, in_axes=(0, None)))(
+        jax.random.split(jax.random.key(11), n), params)
+    self.assertTrue(bool(np.all(found)))
+    holes = np.asarray(tiles == fl.HOLE).sum((1, 2))
+    mean, none = exact_lake_statistics(0.9)
+    # p=0.9: 1.380 holes, 23.1% without a hole (p=0.8: 2.691 and 4.6%).
+    self.assertAlmostEqual(mean, 1.3801, places=4)
+    self.assertAlmostEqual(none, 0.2308, places=4)
+    # Within 4 standard errors (hole count sd 1.10; Bernoulli of 0.23).
+    self.assertAlmostEqual(holes.mean(), mean, delta=4 * 1.10 / np.sqrt(n))
+    self.assertAlmostEqual((holes == 0).mean(), none,
+                           delta=4 * np.sqrt(none * (1 - none) / n))
+
+  def test_frozen_prob_stays_configurable(self):
+    env, params = envs_jax.make("CoordFrozenLake-4x4-v0", frozen_prob=0.8)
+    self.assertAlmostEqual(float(params.frozen_prob), 0.8, places=6)
+    self.assertAlmostEqual(float(env.default_params.frozen_prob), 0.8, places=6)
 
 
 if __name__ == "__main__":

@@ -131,6 +131,31 @@ class RulesTest(absltest.TestCase):
     self.assertTrue(ENV.render_text(s2).endswith("]\n\n=== Game Over: Cube Solved! ==="))
     self.assertTrue(host_is_solved(s2.stickers))
 
+  def test_a_cube_solved_at_reset_shows_the_moves(self):
+    # Depth 2 scrambles such as U U' leave the cube solved; RAGEN's reset
+    # renders with done=False: the moves and the question, not "Game Over".
+    keys = jax.random.split(jax.random.key(3), 64)
+    _, states = jax.vmap(ENV.reset, in_axes=(0, None))(
+        keys, PARAMS.replace(scramble_depth=jnp.int32(2)))
+    stickers = np.asarray(states.stickers)
+    # The scrambles X X' (1/12 of depth-2 walks) give back the solved cube
+    # itself; others (L R', ...) turn the whole cube and are solved too.
+    solved = [i for i, s in enumerate(stickers) if np.array_equal(s, rubiks_cube.SOLVED)]
+    self.assertNotEmpty(solved)
+    s = jax.tree.map(lambda x: x[solved[0]], states)
+    self.assertEqual(
+        ENV.render_text(s),
+        "=== Rubik's Cube 2x2 State ===\nStep: 0/20\n\n"
+        "Up (U):    [W, W]\n [W, W]\nLeft (L):  [O, O]\n [O, O]\n"
+        "Front (F): [G, G]\n [G, G]\nRight (R): [R, R]\n [R, R]\n"
+        "Back (B):  [B, B]\n [B, B]\nDown (D):  [Y, Y]\n [Y, Y]\n\n"
+        "Available Actions:\nU, U', D, D', L, L', R, R', F, F', B, B'\n\n"
+        "What is your next move?")
+    # A move that solves it again ends the game, as a move does in RAGEN.
+    _, s2, reward, terminated, *_ = play(s, ["U", "U'"])
+    self.assertEqual((float(reward), bool(terminated)), (1.0, True))
+    self.assertTrue(ENV.render_text(s2).endswith("]\n\n=== Game Over: Cube Solved! ==="))
+
   def test_any_orientation_counts_as_solved(self):
     # U D' turns the whole cube: every face is still one colour.
     _, _, reward, terminated, _, _ = play(solved_state(), ["U", "D'"])

@@ -56,7 +56,13 @@ class LoraConfigTest(parameterized.TestCase):
       ("negative_rank", dict(rank=-1), r"config.lora.rank=-1: must be an int >= 0"),
       ("alpha", dict(rank=4, alpha=-1.0), r"config.lora.alpha=-1.0"),
       ("dropout", dict(rank=4, dropout=1.0), r"config.lora.dropout=1.0"),
-      ("module", dict(rank=4, target_modules="q,qkv"), r"config.lora.target_modules='q,qkv'"))
+      ("module", dict(rank=4, target_modules="q,qkv"), r"config.lora.target_modules='q,qkv'"),
+      # LoRA off (rank 0): the fields are still checked, a typo is not silent.
+      ("module_off", dict(rank=0, target_modules="bogus"),
+       r"config.lora.target_modules='bogus': unknown module name\(s\) \['bogus'\]"),
+      ("alpha_off", dict(rank=0, alpha=0.0), r"config.lora.alpha=0.0: must be a positive"),
+      ("dropout_off", dict(rank=0, dropout=-0.5), r"config.lora.dropout=-0.5: must be a float"),
+      ("base_dtype_off", dict(rank=0, base_dtype="fp8"), r"config.lora.base_dtype='fp8'"))
   def test_bad_values_name_the_field(self, fields, message):
     c = tiny.get_config("Bandit-v0,dr_grpo")
     c.lora.update(fields)

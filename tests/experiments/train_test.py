@@ -224,6 +224,19 @@ class CurvePanelsTest(absltest.TestCase):
     # One update a step: the max grad norm is the mean, so not drawn.
     self.assertEqual([s.keys for s in drawn[5].series], [("train/grad_norm",)])
 
+  def test_eval_panels_name_the_levels_evaluated(self):
+    config = tiny.get_config("Bandit-v0,grpo")
+    config.eval.num_levels = 64
+    title = lambda *a: train_job.curve_panels(config, *a)[0].title  # noqa: E731
+    self.assertEqual(title(3), "Eval success (T=0.5, 64 held-out levels)")
+    # Bandit has one level: none can be held out, the run warns and evaluates
+    # the plain levels, and the legend says so.
+    self.assertEqual(title(-1), "Eval success (T=0.5, 64 plain levels)")
+    self.assertEqual(train_job.curve_panels(config, -1)[1].title,
+                     "Eval greedy success (64 plain levels)")
+    config.eval.held_out = False
+    self.assertEqual(title(0), "Eval success (T=0.5, 64 plain levels)")
+
   def test_curve_keys_are_the_keys_drawn(self):
     config = tiny.get_config()
     config.rl.ppo_epochs = 2

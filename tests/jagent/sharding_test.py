@@ -103,6 +103,14 @@ class MakeMeshTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, message):
       sharding.make_mesh(spec)
 
+  def test_one_device_is_singular(self):
+    with self.assertRaisesRegex(ValueError, r"multiply to 2, not the 1 device\.$"):
+      sharding.parse_mesh_spec("data:2", 1)
+    with self.assertRaisesRegex(ValueError, r"do not divide the 1 device, so"):
+      sharding.parse_mesh_spec("fsdp:2,data:-1", 1)
+    with self.assertRaisesRegex(ValueError, r"multiply to 2, not the 8 devices\.$"):
+      sharding.parse_mesh_spec("data:2", 8)
+
   def test_other_errors(self):
     with self.assertRaisesRegex(ValueError, "empty devices"):
       sharding.make_mesh("", [])

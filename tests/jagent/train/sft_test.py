@@ -31,6 +31,18 @@ class SftTest(absltest.TestCase):
       train.nll_loss(transforms.ModelOutputs(jnp.zeros((1, 2))),
                      transforms.Batch())
 
+  def test_nll_loss_ignores_log_probs_under_mask_zero(self):
+    m = jnp.array([[1.0, 0.0, 1.0]])
+
+    def loss_sum(logp):
+      return train.nll_loss(transforms.ModelOutputs(logp),
+                            transforms.Batch(loss_mask=m)).loss_sum
+
+    value, grad = jax.value_and_grad(loss_sum)(
+        jnp.array([[-1.0, -jnp.inf, -2.0]]))
+    self.assertEqual(float(value), 3.0)
+    np.testing.assert_array_equal(grad, [[-1.0, 0.0, -1.0]])
+
   def test_sft_memorises_a_fixed_batch(self):
     params = models.init(CFG, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (B, S), 1, CFG.vocab_size)
