@@ -782,7 +782,8 @@ def validate(config, num_devices: int | None = None) -> None:
   # by ModelConfig itself.
   _named(models.ModelConfig, {
       "dtype": ("compute_dtype", config.get("compute_dtype", "float32")),
-      "attention_impl": ("attention_impl", config.get("attention_impl", "auto"))})
+      "attention_impl": ("attention_impl", config.get("attention_impl", "auto")),
+      "cache_dtype": ("cache_dtype", config.get("cache_dtype", ""))})
   prompt_config(config)
   r = rollout_config(config)
   # Group-relative advantages (GRPO, RLOO, GiGPO, ...) are all 0 with one
@@ -996,7 +997,7 @@ class Experiment:
     # Absent in runs saved before the fields: float32 compute, "auto".
     self.model_config = self.model_config.replace(
         remat=bool(c.get("remat", False)), dtype=c.get("compute_dtype", "float32"),
-        attention_impl=c.get("attention_impl", "auto"))
+        attention_impl=c.get("attention_impl", "auto"), cache_dtype=c.get("cache_dtype", ""))
     self.lora_config = lora_config(c, self.model_config)  # None: LoRA off
     random_base = lora_base_warning(c)
     if random_base:

@@ -63,6 +63,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # halves both; weights, gradients and Adam moments stay in the model's
   # parameter dtype (float32), and logits and losses are computed in float32.
   c.compute_dtype = "float32"
+  # The KV cache's dtype (ModelConfig.cache_dtype; "": compute_dtype): a
+  # "bfloat16" cache halves a long rollout's largest buffer and leaves the
+  # training forward (no cache) in compute_dtype.
+  c.cache_dtype = ""
   # The attention kernel (ModelConfig.attention_impl): "auto" picks by
   # platform (jagent's XLA attention on CPU, cuDNN on GPU, Pallas on TPU).
   c.attention_impl = "auto"

@@ -58,6 +58,11 @@ class ModelConfig:
       ``S x F``), for about one more forward pass of compute. Values and
       gradients are unchanged; sampling (with a cache) is unaffected.
     param_dtype: parameter dtype name.
+    cache_dtype: the KV cache's dtype name; "" (the default) is ``dtype``.
+      "bfloat16" under float32 compute halves the cache, the largest buffer
+      of a long rollout, for a rounding of the cached keys and values only
+      (the cache-free training forward is unaffected). A runtime choice like
+      ``attention_impl``: not written to a Hugging Face config.json.
     attention_impl: which attention kernel runs, one of ``ATTENTION_IMPLS``:
       "auto" (the default: the reference on CPU, cuDNN's fused attention on
       GPU where dtype and shapes allow, the Pallas flash kernel on TPU where
@@ -99,6 +104,7 @@ class ModelConfig:
   eos_id: int | None = None
   pad_id: int = 0
   attention_impl: str = "auto"
+  cache_dtype: str = ""
 
   def __post_init__(self):
     def bad(field, why):
@@ -129,6 +135,8 @@ class ModelConfig:
     for f in ("dtype", "param_dtype"):
       if getattr(self, f) not in DTYPES:
         bad(f, f"must be one of {DTYPES}")
+    if self.cache_dtype not in ("",) + DTYPES:
+      bad("cache_dtype", f"must be '' (the compute dtype) or one of {DTYPES}")
     if self.attention_impl not in ATTENTION_IMPLS:
       bad("attention_impl", f"must be one of {ATTENTION_IMPLS}")
     for f in ("bos_id", "eos_id"):
@@ -142,6 +150,11 @@ class ModelConfig:
   def jnp_dtype(self):
     """The activation dtype as a jnp dtype."""
     return jnp.dtype(self.dtype)
+
+  @property
+  def jnp_cache_dtype(self):
+    """The KV cache's dtype as a jnp dtype (``cache_dtype``, else ``dtype``)."""
+    return jnp.dtype(self.cache_dtype or self.dtype)
 
   @property
   def jnp_param_dtype(self):

@@ -192,7 +192,7 @@ def init_cache(config: ModelConfig, batch_size: int, max_length: int,
   """An empty KV cache of ``max_length`` slots per row.
 
   Args:
-    config: the model config (cache dtype is ``config.dtype``).
+    config: the model config (the cache's dtype is ``config.jnp_cache_dtype``).
     batch_size: B.
     max_length: S, slots per row (prompt plus every token to be generated).
     lengths: optional int32 [B] initial fill (default zeros).
@@ -211,8 +211,8 @@ def init_cache(config: ModelConfig, batch_size: int, max_length: int,
   shape_v = (c.num_layers, batch_size, c.num_kv_heads, max_length, c.head_dim)
   lengths = jnp.zeros((batch_size,), jnp.int32) if lengths is None else jnp.asarray(
       lengths, jnp.int32)
-  return KVCache(k=jnp.zeros(shape_k, c.jnp_dtype), v=jnp.zeros(shape_v, c.jnp_dtype),
-                 lengths=lengths)
+  return KVCache(k=jnp.zeros(shape_k, c.jnp_cache_dtype),
+                 v=jnp.zeros(shape_v, c.jnp_cache_dtype), lengths=lengths)
 
 
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:

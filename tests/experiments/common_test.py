@@ -56,6 +56,7 @@ class ValidateTest(parameterized.TestCase):
       ("prompt.max_actions_per_turn", 0, "PromptConfig"),
       ("compute_dtype", "bf16", "ModelConfig"),
       ("attention_impl", "flash", "ModelConfig"),
+      ("cache_dtype", "int8", "ModelConfig"),
   )
   def test_reraises_the_dataclass_error_naming_the_field(self, field, value, owner):
     with self.assertRaisesRegex(common.ConfigError, rf"^config\.{field}={value!r}: ") as cm:
