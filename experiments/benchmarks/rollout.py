@@ -95,7 +95,7 @@ _RL_STEP = flags.DEFINE_bool(
     "rl_step", True, "Also time one RL step (rollout + filter + update, the main job's "
     "experiments/configs/tiny.py) for each on-device row's history_turns.")
 
-GOAL = 3.0  # issue 5: the on-device rollout is >= 3x the RAGEN-style host loop
+GOAL = 3.0  # the target: the on-device rollout is >= 3x the RAGEN-style host loop
 
 
 def compiled_memory(compiled: Any) -> dict[str, int] | None:
