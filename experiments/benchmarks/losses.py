@@ -33,8 +33,8 @@ by the algorithms with the same critic flag) so that both see the same load
 on a shared machine. Shares, per clock:
 ``share_diff = (full - baseline) / full`` (includes the entropy over the
 vocabulary, a model-side cost that only the objective asks for; noisy, a
-difference of two timings) and ``share_alone = objective / full``. Goal
-(issue 4): below 5%.
+difference of two timings) and ``share_alone = objective / full``. Goal:
+below 5%.
 
 ``apply`` returns logits only, so algorithms with a critic (``ppo``,
 ``starpo``, ``starpo_s``: GAE) use a stand-in value head, a linear map of the

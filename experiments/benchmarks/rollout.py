@@ -39,8 +39,8 @@ advantages -> update as one program,
 ``experiments/configs/tiny.py:<env>,starpo_s`` (its answer-only prompt and
 filter), with this run's ``--model``, batch, turns and reply budget, random
 weights (no SFT). The columns ``vs k=-1`` divide a bounded-history row's
-env turns/s and RL step time by the full-history row's. The issue's table
-(k = -1, 0, 2 with the main job's model and batch)::
+env turns/s and RL step time by the full-history row's. The table of
+docs/results.md (k = -1, 0, 2 with the main job's model and batch)::
 
     python -m experiments.benchmarks.rollout --model=micro --num_groups=8 \
         --group_size=8 --max_tokens_per_turn=6 --history_turns=0,2
@@ -95,7 +95,7 @@ _RL_STEP = flags.DEFINE_bool(
     "rl_step", True, "Also time one RL step (rollout + filter + update, the main job's "
     "experiments/configs/tiny.py) for each on-device row's history_turns.")
 
-GOAL = 3.0  # issue 5: the on-device rollout is >= 3x the RAGEN-style host loop
+GOAL = 3.0  # the target: the on-device rollout is >= 3x the RAGEN-style host loop
 
 
 def compiled_memory(compiled: Any) -> dict[str, int] | None:

@@ -132,13 +132,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # lr 1e-4: one Adam step moves a 0.28M policy a lot, and larger rates
   # lowered success. 800 steps: held-out success still rose at step 500 of
   # 500, and 800 fit the main job's 15 minutes on 2 cores (measurements:
-  # docs/results.md, session 24).
+  # docs/results.md, "800 RL steps").
   c.rl = ml_collections.ConfigDict(dict(
       steps=800, learning_rate=1e-4, warmup_steps=10, decay="linear",
       critic_learning_rate=1e-3, critic="head",
       # Two Adam steps a batch, each on half the kept rows (the second is
       # off-policy, so the clip acts): on 4 seeds the mean RL gain went from
-      # +8.7 to +11.2 points at the same compute (docs/results.md, session 23).
+      # +8.7 to +11.2 points at the same compute (docs/results.md, "Two Adam
+      # steps a batch").
       num_minibatches=2, ppo_epochs=1,
       # Gradient accumulation: each minibatch's forward/backward in this many
       # chunks of rows (exact; bounds the activation memory, not the result).

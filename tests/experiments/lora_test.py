@@ -1,6 +1,6 @@
 """LoRA through the entry point: the config block, its checks, and a Bandit run.
 
-``LoraBanditTest`` is issue 23's evidence that adapters learn and resume: a
+``LoraBanditTest`` is the evidence that adapters learn and resume: a
 LoRA RL run (``experiments.train.run``) on a TRAINED base. On a random base
 adapters cannot learn (``train_test``'s Bandit run with ``lora.rank=16`` and
 no base ended at success 0.0: the frozen tied embeddings, std 0.02, and the
@@ -277,7 +277,7 @@ class LoraBanditTest(absltest.TestCase):
       np.testing.assert_allclose(got, np.asarray(ckpt), rtol=0, atol=0)
 
   def test_sweep_shares_one_base_and_its_first_run_is_this_run(self):
-    # Issue 23: a sweep vmaps adapters, not models. Two seeds hold ONE copy of
+    # A sweep vmaps adapters, not models. Two seeds hold ONE copy of
     # the base (no run axis) beside two sets of adapters and moments; with
     # batching="map" seed 0 is this class's separate run.
     s = sweep.sweep(self.config, None, seeds=2, batching="map")
