@@ -289,8 +289,9 @@ def rollout_config(config) -> rollout.RolloutConfig:
       **{f: (f"rollout.{f}", r[f]) for f in ("num_groups", "group_size", "max_turns",
                                              "max_tokens_per_turn", "max_actions_per_traj",
                                              "temperature")},
-      # Absent in runs saved before the field: the full history.
-      "history_turns": ("rollout.history_turns", r.get("history_turns", -1))})
+      # Absent in runs saved before the fields: the full history, merged.
+      "history_turns": ("rollout.history_turns", r.get("history_turns", -1)),
+      "merge_lora": ("rollout.merge_lora", r.get("merge_lora", True))})
 
 
 def train_config(config, model_config: models.ModelConfig,

@@ -109,7 +109,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # 0: the tiny policy reads one short, fixed-layout context per decision,
       # and SFT and RL both learn far more from it than from the whole history
       # (ablation: docs/results.md, "History mode").
-      history_turns=0))
+      history_turns=0,
+      # LoRA: sample with the adapters merged into a copy of the weights
+      # (faster) or applied at every step (False: no merged copy in memory).
+      merge_lora=True))
 
   # 800 steps: SFT sits at uniform actions for a few hundred steps before the
   # policy starts reading the grid (docs/results.md). batch_size counts rows:

@@ -68,6 +68,11 @@ class RolloutConfig:
       ``max(0, t - k)``, then the later turns up to t exactly as in the full
       conversation; k = 0 is RAGEN's ``single_turn``. See
       :class:`Trajectory` for the row layout.
+    merge_lora: with a :class:`jagent.models.LoraParams` policy, sample with
+      the adapters folded into a merged copy of the weights (the default;
+      :attr:`jagent.models.SamplingConfig.merge_lora`) or, False, apply them
+      at every step: no merged copy of the base while sampling (a float32
+      copy of every adapted weight), for slower decoding.
 
   Raises:
     ValueError: from ``__post_init__``, naming the bad field.
@@ -85,6 +90,7 @@ class RolloutConfig:
   greedy: bool = False
   format_penalty: float = -0.1
   history_turns: int = -1
+  merge_lora: bool = True
 
   def __post_init__(self):
     for name in ("num_groups", "group_size", "max_turns", "max_tokens_per_turn",
@@ -105,6 +111,8 @@ class RolloutConfig:
     if isinstance(k, bool) or not isinstance(k, int) or k < -1:
       raise ValueError(f"RolloutConfig.history_turns={k!r}: must be an int >= -1 "
                        "(-1: the full history; k >= 0: the last k turns)")
+    if not isinstance(self.merge_lora, bool):
+      raise ValueError(f"RolloutConfig.merge_lora={self.merge_lora!r}: must be a bool")
     self.sampling()  # validates temperature / top_k / top_p
 
   @property
@@ -117,7 +125,8 @@ class RolloutConfig:
     return _sampling.SamplingConfig(
         max_new_tokens=self.max_tokens_per_turn, temperature=self.temperature,
         top_k=self.top_k, top_p=self.top_p, greedy=self.greedy,
-        eos_ids=() if eos_id is None else (eos_id,), stop_strings=tuple(stop_strings))
+        eos_ids=() if eos_id is None else (eos_id,), stop_strings=tuple(stop_strings),
+        merge_lora=self.merge_lora)
 
 
 def _turns_per_row(config: RolloutConfig) -> int:

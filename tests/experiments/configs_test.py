@@ -156,6 +156,10 @@ class RagenConfigsTest(parameterized.TestCase):
     self.assertEqual((mc.dtype, mc.param_dtype, mc.attention_impl),
                      ("bfloat16", "float32", "xla"))
     c.compute_dtype, c.attention_impl = "float32", "auto"
+    self.assertTrue(exp.rollout_config.merge_lora)
+    c.rollout.merge_lora = False  # LoRA sampling without a merged copy of the weights
+    self.assertFalse(common.Experiment(c).rollout_config.sampling().merge_lora)
+    c.rollout.merge_lora = True
     c.mesh = "data:8"
     self.assertEqual(common.Experiment(c).train_config.num_microbatches, 4)  # 8 fake devices
 

@@ -314,6 +314,11 @@ class RolloutPropertiesTest(parameterized.TestCase):
       rollout.RolloutConfig(temperature=0.0)
     with self.assertRaisesRegex(ValueError, "RolloutConfig.format_penalty=0.1: .* <= 0"):
       rollout.RolloutConfig(format_penalty=0.1)
+    with self.assertRaisesRegex(ValueError, "RolloutConfig.merge_lora='no': must be a bool"):
+      rollout.RolloutConfig(merge_lora="no")
+    # The sampler gets it: unmerged adapters, no merged copy while sampling.
+    self.assertTrue(rollout.RolloutConfig().sampling().merge_lora)
+    self.assertFalse(rollout.RolloutConfig(merge_lora=False).sampling().merge_lora)
     with self.assertRaisesRegex(ValueError, "vocab_size"):
       rollout.make_rollout(self.text_env, MICRO.replace(vocab_size=100) if hasattr(
           MICRO, "replace") else models.ModelConfig(vocab_size=100), self.config)
