@@ -380,7 +380,7 @@ def report(res: dict[str, Any]) -> None:
   for k, s in res.get("history_context_sizes", {}).items():
     print(f"history_turns={k}: context {s} tokens a row, one row per turn")
   q = res["ratios"]
-  print(f"on-device / host re-encode (RAGEN-style, the issue's baseline): "
+  print(f"on-device / host re-encode (RAGEN-style, the baseline): "
         f"{q['turns_vs_ragen']:.2f}x env turns/s, {q['tokens_vs_ragen']:.2f}x tokens/s")
   print(f"on-device / host incremental KV: {q['turns_vs_incremental']:.2f}x env turns/s, "
         f"{q['tokens_vs_incremental']:.2f}x tokens/s")

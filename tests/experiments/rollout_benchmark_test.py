@@ -44,7 +44,7 @@ class RolloutBenchmarkTest(absltest.TestCase):
     self.assertNotIn("sampler only", out)
     self.assertIn("RL step s", out)
     self.assertIn("experiments/configs/tiny.py:Sokoban-6x6-1box-v0,starpo_s", out)
-    self.assertIn("RAGEN-style, the issue's baseline", out)
+    self.assertIn("RAGEN-style, the baseline", out)
     self.assertRegex(out, r"SUMMARY: on-device rollout is [0-9.]+x \(env turns/s\) and "
                           r"[0-9.]+x \(tokens/s\) the RAGEN-style host loop; goal >= 3x: "
                           r"(met|NOT met)")
