@@ -13,7 +13,8 @@ users run: a ``batching="map"`` sweep stopped equalling its separate runs
 reply format.
 
 A persistent compilation cache (``CACHE_DIR``: ``$JAX_COMPILATION_CACHE_DIR``,
-else ``.jax_cache`` at the repository root) lets repeated runs skip compiles.
+else ``.jax_cache/<xdist worker>`` at the repository root) lets repeated runs
+skip compiles.
 It keeps every compile, however short: many tests build the same small
 programs (prompt rendering, parsing, resets) in fresh closures, which jit's
 in-process cache does not share (measured on a cold cache: tests/jagent/rollout
@@ -25,9 +26,13 @@ through :func:`subprocess_env`, so they compile as fast and share the cache.
 import os
 
 FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0"
+# One directory per pytest-xdist worker: jax writes a cache entry in place,
+# so a worker reading an entry another worker is still writing read a
+# truncated executable and crashed (a segfault in compilation_cache).
 CACHE_DIR = os.environ.get(
     "JAX_COMPILATION_CACHE_DIR",
-    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".jax_cache"))
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".jax_cache",
+                 os.environ.get("PYTEST_XDIST_WORKER", "main")))
 CACHE_MIN_COMPILE_SECONDS = 0.0  # every compile is cached
 
 
