@@ -22,6 +22,7 @@ F MLP width, V vocab.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -45,10 +46,6 @@ MLP = "mlp"
 BATCH = "batch"
 CACHE_SEQ = "cache_seq"
 LAYERS = "layers"
-
-# The order of LayerParams' fields (and of HF's per-layer tensors).
-LAYER_FIELDS = ("attn_norm", "wq", "wk", "wv", "bq", "bk", "bv", "wo", "mlp_norm", "w_gate",
-                "w_up", "w_down")
 
 
 @flax.struct.dataclass
@@ -76,9 +73,9 @@ class LayerParams:
     """L, the length of the leading layer axis."""
     return self.attn_norm.shape[0]
 
-  def layer(self, i: int) -> "LayerParams":
-    """Layer ``i``'s parameters (leaves without the layer axis)."""
-    return jax.tree.map(lambda x: x[i], self)
+
+# The order of LayerParams' fields (and of HF's per-layer tensors).
+LAYER_FIELDS = tuple(f.name for f in dataclasses.fields(LayerParams))
 
 
 @flax.struct.dataclass
