@@ -2,7 +2,7 @@
 
 - 8 fake CPU devices for multi-device tests (set before jax is imported) and
   the fast-compile XLA flags of ``tests/testenv.py``.
-- A persistent compilation cache so repeated runs skip XLA compiles.
+- The persistent compilation cache off unless asked for (``tests/testenv.py``).
 - ``jax_numpy_rank_promotion='raise'`` to catch silent broadcasting bugs.
 - Classes marked ``@pytest.mark.heavy`` run first: with ``pytest -n 2`` the
   two workers then fill in with the many short classes and finish together
@@ -16,6 +16,7 @@ from tests import testenv  # imports no jax
 
 os.environ.setdefault("XLA_FLAGS", testenv.xla_flags(8))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["JAX_ENABLE_COMPILATION_CACHE"] = testenv.CACHE_ENABLED
 
 import jax  # noqa: E402
 

@@ -12,15 +12,15 @@ users run: a ``batching="map"`` sweep stopped equalling its separate runs
 (tests/experiments/sweep_test.py) and the Bandit run of train_test lost its
 reply format.
 
-A persistent compilation cache (``CACHE_DIR``: ``$JAX_COMPILATION_CACHE_DIR``,
-else ``.jax_cache/<xdist worker>`` at the repository root) lets repeated runs
-skip compiles.
-It keeps every compile, however short: many tests build the same small
-programs (prompt rendering, parsing, resets) in fresh closures, which jit's
-in-process cache does not share (measured on a cold cache: tests/jagent/rollout
-took 253 s instead of 274 s on 2 cores with a 0.5 s minimum).
-Subprocess tests (entry points, benchmarks) run with the same flags and cache
-through :func:`subprocess_env`, so they compile as fast and share the cache.
+No persistent compilation cache by default (``JAX_ENABLE_COMPILATION_CACHE``
+is ``false`` unless already set): jaxlib 0.10's CPU client segfaulted twice in a
+full run, once reading an entry and once serializing an executable to write one
+(``compilation_cache.put_executable_and_time``), and a crashed pytest-xdist
+worker then hung the run. ``JAX_ENABLE_COMPILATION_CACHE=true`` turns it back on
+for local reruns; entries then go to ``CACHE_DIR`` (``$JAX_COMPILATION_CACHE_DIR``,
+else ``.jax_cache/<xdist worker>`` at the repository root), never to the user's
+``~/.cache``. Subprocess tests (entry points, benchmarks) run with the same flags
+and cache settings through :func:`subprocess_env`.
 """
 
 import os
@@ -33,7 +33,8 @@ CACHE_DIR = os.environ.get(
     "JAX_COMPILATION_CACHE_DIR",
     os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".jax_cache",
                  os.environ.get("PYTEST_XDIST_WORKER", "main")))
-CACHE_MIN_COMPILE_SECONDS = 0.0  # every compile is cached
+CACHE_MIN_COMPILE_SECONDS = 0.0  # when enabled, every compile is cached
+CACHE_ENABLED = os.environ.get("JAX_ENABLE_COMPILATION_CACHE", "false")
 
 
 def xla_flags(devices: int) -> str:
@@ -53,7 +54,7 @@ def subprocess_env(devices: int) -> dict[str, str]:
   """
   env = dict(os.environ)
   env.update(JAX_PLATFORMS="cpu", JAX_NUMPY_RANK_PROMOTION="raise", XLA_FLAGS=xla_flags(devices),
-             JAX_COMPILATION_CACHE_DIR=CACHE_DIR,
+             JAX_COMPILATION_CACHE_DIR=CACHE_DIR, JAX_ENABLE_COMPILATION_CACHE=CACHE_ENABLED,
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=str(CACHE_MIN_COMPILE_SECONDS))
   return env
 
