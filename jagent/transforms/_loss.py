@@ -294,6 +294,18 @@ def row_weights(batch: Batch, turn_weighting: str = "episode") -> Array | None:
   return w
 
 
+def _zero_masked(tree, m: Array):
+  """``tree`` with its floating ``[B, S]`` leaves set to 0 where ``m`` is 0."""
+
+  def zero(x):
+    if (not hasattr(x, "shape") or tuple(x.shape) != tuple(m.shape)
+        or not jnp.issubdtype(x.dtype, jnp.floating)):
+      return x
+    return jnp.where(m > 0, x, jnp.zeros((), x.dtype))
+
+  return jax.tree.map(zero, tree)
+
+
 def make_loss(*terms: LossTerm, aggregation: str = "token-mean",
               horizon: int | None = None, turn_weighting: str = "episode"):
   """Sums loss terms per token and aggregates them once.
@@ -336,6 +348,10 @@ def make_loss(*terms: LossTerm, aggregation: str = "token-mean",
     require(batch, ("loss_mask",), "loss")
     _check_outputs(outputs, batch, "loss")
     m = mask_of(batch)
+    # Zero what the mask drops before any term reads it: a NaN or inf there
+    # (a peer's -inf padding log-probs, say) would otherwise reach the
+    # gradient through the terms' own arithmetic, even masked afterwards.
+    outputs, batch = _zero_masked((outputs, batch), m)
     agg = functools.partial(losses.aggregate, mode=aggregation,
                             horizon=horizon,
                             row_weights=row_weights(batch, turn_weighting))
@@ -349,8 +365,8 @@ def make_loss(*terms: LossTerm, aggregation: str = "token-mean",
       metrics[f"loss/{term.name}"] = losses.safe_ratio(part.total,
                                                        part.denominator)
       for key, value in term_metrics.items():
-        metrics[key] = losses.safe_ratio(
-            jnp.sum(jnp.asarray(value, jnp.float32) * m), jnp.sum(m))
+        value = jnp.where(m > 0, jnp.asarray(value, jnp.float32), 0.0)
+        metrics[key] = losses.safe_ratio(jnp.sum(value * m), jnp.sum(m))
     out = agg(total, m)
     denominator = sg(out.denominator)
     metrics["loss/total"] = losses.safe_ratio(sg(out.total), denominator)

@@ -31,6 +31,30 @@ def _setup():
 
 class MakeLossTest(absltest.TestCase):
 
+  def test_nonfinite_values_at_masked_positions_reach_no_total_or_metric(self):
+    batch, out = _setup()
+    loss = transforms.make_loss(
+        transforms.ppo_clip_term(0.2, 0.28), transforms.kl_term(0.1),
+        transforms.entropy_term(0.01), transforms.value_term(0.5, 0.2))
+    clean = jax.jit(loss)(out, batch)
+    masked = _MASK == 0
+    poison = lambda x, v: np.where(masked, np.float32(v), x)
+    dirty_out = transforms.ModelOutputs(
+        logprobs=poison(out.logprobs, np.nan), values=poison(out.values, np.inf),
+        entropy=poison(out.entropy, -np.inf))
+    dirty_batch = batch.replace(old_logprobs=poison(batch.old_logprobs, -np.inf),
+                                ref_logprobs=poison(batch.ref_logprobs, np.nan))
+    dirty = jax.jit(loss)(dirty_out, dirty_batch)
+    np.testing.assert_allclose(dirty.loss_sum, clean.loss_sum, rtol=1e-6)
+    self.assertEqual(set(dirty.metrics), set(clean.metrics))
+    for key, value in clean.metrics.items():
+      np.testing.assert_allclose(dirty.metrics[key], value, rtol=1e-6, err_msg=key)
+    grad = jax.grad(lambda lp: jax.jit(loss)(
+        dirty_out._replace(logprobs=lp) if hasattr(dirty_out, "_replace")
+        else dirty_out.replace(logprobs=lp), dirty_batch).loss_sum)(dirty_out.logprobs)
+    self.assertTrue(np.all(np.isfinite(grad)))
+    np.testing.assert_array_equal(np.asarray(grad)[masked], 0.0)
+
   def test_sum_of_terms_aggregated_once(self):
     batch, out = _setup()
     loss = transforms.make_loss(
