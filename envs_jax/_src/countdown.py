@@ -647,7 +647,7 @@ def _score(answer, numbers, count, target, params) -> _Score:
 
 
 def encode_answer(text: str | bytes, max_answer_bytes: int) -> np.ndarray:
-  """Host helper: an answer as the env's zero-padded uint8 action buffer.
+  """Host side: an answer as the env's zero-padded uint8 action buffer.
 
   Args:
     text: the answer (``str`` is UTF-8 encoded).

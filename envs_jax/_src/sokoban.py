@@ -264,7 +264,7 @@ def _randint(u: jax.Array, n: int) -> jax.Array:
 
 
 # All randomness of a generation round comes from ONE jax.random.uniform call
-# (sliced by the helpers below, which take uniforms, not keys): every PRNG call
+# (sliced by the functions below, which take uniforms, not keys): every PRNG call
 # site adds a threefry block, and those dominated XLA compile time.
 
 

@@ -1,4 +1,4 @@
-"""Shared timing and memory helpers for the benchmarks under experiments/benchmarks/."""
+"""Shared timing and memory functions for the benchmarks under experiments/benchmarks/."""
 
 from __future__ import annotations
 

@@ -191,7 +191,7 @@ def reference_parse(reply: bytes, spec: ParseSpec) -> dict:
 
 
 # ----------------------------------------------------------------------------
-# Device parser. All helpers work on [B, N] arrays; "none" positions are N.
+# Device parser. Every function here works on [B, N] arrays; "none" positions are N.
 
 
 def _take(x, i, fill):

@@ -151,7 +151,7 @@ def nll_loss(outputs: transforms.ModelOutputs,
       _TOKENS_KEY: den})
 
 
-# ----------------------------------------------------------------- helpers
+# ------------------------------------------------------- private functions
 def _split(tree: PyTree, n: int) -> PyTree:
   """Leading axis ``B`` -> ``[n, B // n, ...]``, strided: chunk ``i`` holds rows
   ``i, i + n, i + 2n, ...``.

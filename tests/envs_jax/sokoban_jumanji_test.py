@@ -60,7 +60,7 @@ def one_push_from_solved(table: sokoban.SokobanState, seed: int = 0):
 @absltest.skipIf(not peers.HAVE_JUMANJI, "jumanji is not installed")
 class JumanjiDifferentialTest(absltest.TestCase):
 
-  def test_helper_builds_env_on_our_levels(self):
+  def test_make_jumanji_boxoban_builds_env_on_our_levels(self):
     jenv = make_jumanji_boxoban("unfiltered-test")
     state, timestep = jax.jit(jenv.reset)(jax.random.key(0))
     table = sokoban.boxoban_levels("unfiltered-test")

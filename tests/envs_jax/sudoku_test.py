@@ -151,7 +151,7 @@ def ref_render(grid, givens, steps, feedback: str) -> str:
   return "\n".join(out)
 
 
-# ----------------------------------------------------------------- helpers
+# --------------------------------------------------- shared test functions
 _ENVS = {}
 
 

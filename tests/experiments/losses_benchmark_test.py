@@ -1,7 +1,7 @@
 """Smoke test of ``python -m experiments.benchmarks.losses`` (no timing asserts).
 
 Runs the benchmark's ``main`` with tiny flags and checks its output format and
-the helpers it is built on; speed itself is measured only by the benchmark.
+the functions it is built on; speed itself is measured only by the benchmark.
 """
 
 import contextlib

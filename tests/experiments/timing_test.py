@@ -1,4 +1,4 @@
-"""Tests of the benchmarks' shared timing helpers."""
+"""Tests of the benchmarks' shared timing functions."""
 
 from unittest import mock
 

@@ -1,4 +1,4 @@
-"""Tests for jagent.losses reward shaping and turn/token helpers."""
+"""Tests for jagent.losses reward shaping and turn/token functions."""
 
 import functools
 
@@ -15,7 +15,7 @@ _IDS = np.array([-1, 0, 0, 0, -1, 1, 1, -1], np.int32)
 _MASK = (_IDS >= 0).astype(np.float32)
 
 
-class TurnHelpersTest(chex.TestCase):
+class TurnFunctionsTest(chex.TestCase):
 
   def test_format_penalty(self):
     out = jax.jit(losses.format_penalty)(np.array([True, False, True, False]))
