@@ -48,6 +48,7 @@ from jagent import tokenizers
 from jagent import train
 from jagent import transforms
 
+from experiments import spec
 
 # Where experiments.train writes a run and experiments.eval reads it by default.
 DEFAULT_WORKDIR = os.path.join(os.path.expanduser("~"), "jagent_runs", "default")
@@ -151,7 +152,7 @@ def _fields_json(config, fields) -> str:
   for f in fields:
     node = config
     for part in f.split("."):
-      node = node.get(part) if node is not None else None  # absent in older runs: None
+      node = node[part]
     out[f] = node.to_dict() if hasattr(node, "to_dict") else node
   return json.dumps(out, sort_keys=True, default=repr)
 
@@ -289,9 +290,8 @@ def rollout_config(config) -> rollout.RolloutConfig:
       **{f: (f"rollout.{f}", r[f]) for f in ("num_groups", "group_size", "max_turns",
                                              "max_tokens_per_turn", "max_actions_per_traj",
                                              "temperature")},
-      # Absent in runs saved before the fields: the full history, merged.
-      "history_turns": ("rollout.history_turns", r.get("history_turns", -1)),
-      "merge_lora": ("rollout.merge_lora", r.get("merge_lora", True))})
+      "history_turns": ("rollout.history_turns", r.history_turns),
+      "merge_lora": ("rollout.merge_lora", r.merge_lora)})
 
 
 def train_config(config, model_config: models.ModelConfig,
@@ -323,7 +323,7 @@ def lora_config(config, model_config: models.ModelConfig | None = None
                 ) -> models.LoraConfig | None:
   """The run's LoRA adapters (``config.lora``), or None when off.
 
-  Off when ``lora.rank`` is 0 (or the block is absent: runs saved before it).
+  Off when ``lora.rank`` is 0.
   With ``model_config``, also checks that its family has every target module.
   The other fields are checked even when off, so a typo (say
   ``target_modules=bogus``) is refused before it silently costs a run.
@@ -333,10 +333,8 @@ def lora_config(config, model_config: models.ModelConfig | None = None
       checks (``alpha``, ``dropout``, an unknown or missing module), naming
       ``config.lora.<field>``.
   """
-  lo = config.get("lora")
-  if lo is None:
-    return None
-  rank = lo.get("rank", 0)
+  lo = config.lora
+  rank = lo.rank
   _require_int("lora.rank", rank, 0, "must be an int >= 0 (0: LoRA off)")
 
   def build(**fields):
@@ -346,8 +344,7 @@ def lora_config(config, model_config: models.ModelConfig | None = None
     return lc
 
   # Rank 0 is checked as rank 1: LoraConfig refuses 0, the other fields stand.
-  lc = _named(build, {f: (f"lora.{f}", lo.get(f, d)) for f, d in (
-      ("alpha", 32.0), ("dropout", 0.0), ("target_modules", "all-linear"))},
+  lc = _named(build, {f: (f"lora.{f}", lo[f]) for f in ("alpha", "dropout", "target_modules")},
               rank=max(rank, 1))
   return lc if rank else None
 
@@ -362,20 +359,17 @@ def lora_base_dtype(config) -> str | None:
   ``dtype`` (weights are cast at use) and the adapters stay float32.
 
   Returns:
-    The dtype name, or None when LoRA is off or the field is absent (runs
-    saved before it: the loaded dtype).
+    The dtype name, or None when LoRA is off or the field is None (the
+    loaded dtype).
 
   Raises:
     ConfigError: a value not in :data:`LORA_BASE_DTYPES` (LoRA on or off),
       naming the field.
   """
-  lo = config.get("lora")
-  if lo is None:
-    return None
-  dtype = lo.get("base_dtype", None)
+  dtype = config.lora.base_dtype
   if dtype is not None and dtype not in LORA_BASE_DTYPES:
     raise _bad("lora.base_dtype", dtype, f"must be one of {LORA_BASE_DTYPES}")
-  return dtype if lo.get("rank", 0) else None
+  return dtype if config.lora.rank else None
 
 
 def lora_base_warning(config) -> str | None:
@@ -398,9 +392,8 @@ def lora_base_warning(config) -> str | None:
     One line naming ``config.lora.rank`` and ``config.model_dir``, or None
     (LoRA off, or a base loaded from ``model_dir``).
   """
-  lo = config.get("lora")
-  rank = 0 if lo is None else lo.get("rank", 0)
-  if not rank or config.get("model_dir", ""):
+  rank = config.lora.rank
+  if not rank or config.model_dir:
     return None
   return (f"config.lora.rank={rank} with config.model_dir='': the adapters train on a "
           f"RANDOM frozen base ({config.model}), which they cannot teach a reply format "
@@ -426,7 +419,7 @@ def eval_rollout_config(config, *, temperature: float | None = None, greedy: boo
                       config.eval.temperature if temperature is None else temperature),
       **{f: (f"rollout.{f}", r[f]) for f in ("max_turns", "max_tokens_per_turn",
                                              "max_actions_per_traj")},
-      "history_turns": ("rollout.history_turns", r.get("history_turns", -1))},
+      "history_turns": ("rollout.history_turns", r.history_turns)},
                 group_size=group_size, greedy=greedy, context_size=context_size)
 
 
@@ -664,12 +657,6 @@ ALERT_FLOORS = (("filter/reward_std_before", "min_reward_std"),
                 ("collapse/mutual_info", "min_mutual_info"))
 
 
-def diagnostics_every(config) -> int:
-  """``config.diagnostics.every``: 0 (off) when the block is absent (runs saved before it)."""
-  d = config.get("diagnostics")
-  return 0 if d is None else d.get("every", 0)
-
-
 def diagnostics_due(step, every: int):
   """Whether RL step ``step`` (0-based; a Python or traced int) runs the diagnostics.
 
@@ -701,7 +688,7 @@ def collapse_alert(config, step: int, metrics: dict,
   is used.
 
   Args:
-    config: the run's config (its ``diagnostics`` block; absent: no warning).
+    config: the run's config (its ``diagnostics`` block).
     step: the logged step (1-based), named in the line.
     metrics: this step's metrics (a dict of floats).
     recent: the metrics of the logged steps since the previous diagnosed
@@ -711,14 +698,13 @@ def collapse_alert(config, step: int, metrics: dict,
     ``"Echo Trap warning at step N: key=value < diagnostics.floor=f; ..."``
     (``mean of K steps`` after a value averaged over K > 1 steps), or None.
   """
-  d = config.get("diagnostics")
-  if d is None or not any(k.startswith("collapse/") and math.isfinite(v)
-                          for k, v in metrics.items()):
+  d = config.diagnostics
+  if not any(k.startswith("collapse/") and math.isfinite(v) for k, v in metrics.items()):
     return None
   recent = [metrics] if not recent else list(recent)
   crossed = []
   for key, floor in ALERT_FLOORS:
-    if d.get(floor, 0) <= 0:
+    if d[floor] <= 0:
       continue
     rows = [metrics] if key.startswith("collapse/") else recent
     values = [float(r[key]) for r in rows if key in r and math.isfinite(r[key])]
@@ -740,16 +726,13 @@ def _require_int(field: str, value: Any, minimum: int, why: str) -> None:
 
 
 def _validate_diagnostics(config) -> None:
-  """``config.diagnostics`` (absent in runs saved before it: off)."""
-  d = config.get("diagnostics")
-  if d is None:
-    return
-  _require_int("diagnostics.every", d.get("every", 0), 0,
-               "must be an int >= 0 (0: no diagnostics)")
-  _require_int("diagnostics.num_rows", d.get("num_rows", 32), 2,
+  """``config.diagnostics``."""
+  d = config.diagnostics
+  _require_int("diagnostics.every", d.every, 0, "must be an int >= 0 (0: no diagnostics)")
+  _require_int("diagnostics.num_rows", d.num_rows, 2,
                "must be an int >= 2 (I(X;Z) compares replies across prompts)")
   for _, floor in ALERT_FLOORS:
-    v = d.get(floor, 0.0)
+    v = d[floor]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
       raise _bad(f"diagnostics.{floor}", v, "must be a finite float >= 0 (0: no alert)")
 
@@ -765,8 +748,9 @@ def validate(config, num_devices: int | None = None) -> None:
   rows per minibatch, SFT batch, evaluation chunks, the mesh). Reads no
   model directory and compiles nothing. ``num_devices`` is the device count
   ``config.mesh`` must use (default ``jax.device_count()``: every process's
-  devices).
+  devices). ``config`` is upgraded first (:func:`experiments.spec.upgrade`).
   """
+  config = spec.upgrade(config)
   if config.env not in envs_jax.registered():
     raise _bad("env", config.env, f"not a registered environment; known: "
                f"{sorted(envs_jax.registered())}")
@@ -779,12 +763,11 @@ def validate(config, num_devices: int | None = None) -> None:
                "(pass --config.model_dir=<a Hugging Face model directory>)")
   if config.model not in models.config_names() and not config.model_dir:
     raise _bad("model", config.model, f"unknown; known: {models.config_names()}")
-  # The model fields a run sets (absent in runs saved before them), checked
-  # by ModelConfig itself.
+  # The model fields a run sets, checked by ModelConfig itself.
   _named(models.ModelConfig, {
-      "dtype": ("compute_dtype", config.get("compute_dtype", "float32")),
-      "attention_impl": ("attention_impl", config.get("attention_impl", "auto")),
-      "cache_dtype": ("cache_dtype", config.get("cache_dtype", ""))})
+      "dtype": ("compute_dtype", config.compute_dtype),
+      "attention_impl": ("attention_impl", config.attention_impl),
+      "cache_dtype": ("cache_dtype", config.cache_dtype)})
   prompt_config(config)
   r = rollout_config(config)
   # Group-relative advantages (GRPO, RLOO, GiGPO, ...) are all 0 with one
@@ -810,7 +793,7 @@ def validate(config, num_devices: int | None = None) -> None:
     rows = k * r.group_size
   else:
     rows = r.num_groups * r.group_size
-  micro = config.rl.get("num_microbatches", 1)
+  micro = config.rl.num_microbatches
   # The model's fields are checked when it is built; any ModelConfig stands in.
   train_config(config, models.get_config("nano"), 1 if micro == -1 else micro)
   if rows % config.rl.num_minibatches:
@@ -820,10 +803,10 @@ def validate(config, num_devices: int | None = None) -> None:
     raise _bad("rl.num_microbatches", config.rl.num_microbatches,
                f"does not divide the {rows // config.rl.num_minibatches} rows of a minibatch "
                f"({rows} trained rows / rl.num_minibatches={config.rl.num_minibatches})")
-  # config.sft.expert is make_expert's policy (absent in runs saved before it).
-  if config.sft.get("expert", "solver") not in rollout.EXPERT_POLICIES:
+  # config.sft.expert is make_expert's policy.
+  if config.sft.expert not in rollout.EXPERT_POLICIES:
     raise _bad("sft.expert", config.sft.expert, f"unknown; known: {rollout.EXPERT_POLICIES}")
-  max_nodes = config.sft.get("expert_max_nodes", 1_000_000)
+  max_nodes = config.sft.expert_max_nodes
   if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
     raise _bad("sft.expert_max_nodes", max_nodes, "must be an int >= 1")
   if config.sft.steps:
@@ -831,7 +814,7 @@ def validate(config, num_devices: int | None = None) -> None:
   # SFT rows are episodes in the full history, turns in a bounded window (at
   # most max_turns an episode; sft_batch_indices checks the turns taken).
   sft_rows = config.sft.num_demos * (
-      1 if config.rollout.get("history_turns", -1) < 0 else config.rollout.max_turns)
+      1 if config.rollout.history_turns < 0 else config.rollout.max_turns)
   if config.sft.steps and config.sft.batch_size > sft_rows:
     raise _bad("sft.batch_size", config.sft.batch_size,
                f"is larger than the {sft_rows} rows of sft.num_demos={config.sft.num_demos}")
@@ -847,8 +830,7 @@ def validate(config, num_devices: int | None = None) -> None:
   _require_int("checkpoint.every", config.checkpoint.every, 0,
                "must be an int >= 0 (0: a checkpoint after SFT and after the last step only)")
   _require_int("checkpoint.keep", config.checkpoint.keep, 1, "must be an int >= 1")
-  # Absent in runs saved before the field: never stop.
-  _require_int("rl.empty_stop_steps", config.rl.get("empty_stop_steps", 0), 0,
+  _require_int("rl.empty_stop_steps", config.rl.empty_stop_steps, 0,
                "must be an int >= 0 (stop after that many consecutive steps that trained "
                "nothing; 0: never)")
   if not isinstance(config.eval.num_levels, int) or config.eval.num_levels < 1:
@@ -883,14 +865,14 @@ def _validate_mesh(config, num_devices: int | None) -> None:
   devices), so in a multi-process run call it after
   ``jax.distributed.initialize``.
   """
-  spec = config.get("mesh", "")  # absent in runs saved before the field
-  if not spec:
+  mesh = config.mesh
+  if not mesh:
     return
   n_dev = jax.device_count() if num_devices is None else num_devices
   try:
-    data, fsdp, _ = sharding.parse_mesh_spec(spec, n_dev)
+    data, fsdp, _ = sharding.parse_mesh_spec(mesh, n_dev)
   except ValueError as e:
-    raise _bad("mesh", spec, f"{e} (the mesh must use {n_dev} devices; jax sees "
+    raise _bad("mesh", mesh, f"{e} (the mesh must use {n_dev} devices; jax sees "
                f"{jax.device_count()} in {jax.process_count()} process(es))") from None
   n = data * fsdp
   r = config.rollout
@@ -898,7 +880,7 @@ def _validate_mesh(config, num_devices: int | None) -> None:
           ("eval.num_groups", config.eval.num_groups)]
   if config.sft.steps:
     rows.append(("sft.batch_size", config.sft.batch_size))
-  if config.rl.get("num_microbatches", 1) == -1:
+  if config.rl.num_microbatches == -1:
     kept = r.num_groups
     if config.rl.filter_mode in ("top_fraction", "top_k"):
       kept = train.num_kept_groups(r.num_groups, filter_config(config))
@@ -906,7 +888,7 @@ def _validate_mesh(config, num_devices: int | None) -> None:
                  kept * r.group_size // config.rl.num_minibatches))
   for name, b in rows:
     if b % n:
-      raise _bad("mesh", spec, f"splits batch rows data x fsdp = {n} ways, which does not "
+      raise _bad("mesh", mesh, f"splits batch rows data x fsdp = {n} ways, which does not "
                  f"divide the {b} rows of {name}")
 
 
@@ -923,7 +905,7 @@ def trained_reset_keys(config) -> jax.Array:
   rl_key = lambda s: jax.random.fold_in(jax.random.key(config.seed + 2), s)  # noqa: E731
   keys = [jax.vmap(lambda s: rollout.group_reset_keys(rl_key(s), config.rollout.num_groups))(
       steps).reshape(-1)]
-  if config.sft.steps and config.sft.get("expert", "solver") == "solver":
+  if config.sft.steps and config.sft.expert == "solver":
     keys.append(rollout.group_reset_keys(jax.random.fold_in(jax.random.key(config.seed), 1),
                                          config.sft.num_demos))
   return jax.numpy.concatenate(keys)
@@ -939,10 +921,10 @@ def base_runs(config, max_depth: int = 8) -> list[tuple[str, ml_collections.Conf
   elsewhere (e.g. a Hugging Face download) has none.
 
   Returns:
-    ``[(path of its config.json, its config), ...]``, nearest first.
+    ``[(path of its config.json, its upgraded config), ...]``, nearest first.
   """
   out = []
-  while len(out) < max_depth and config.get("model_dir", ""):
+  while len(out) < max_depth and config.model_dir:
     path = os.path.join(os.path.dirname(os.path.abspath(os.path.normpath(config.model_dir))),
                         "config.json")
     try:
@@ -951,6 +933,7 @@ def base_runs(config, max_depth: int = 8) -> list[tuple[str, ml_collections.Conf
       if base.get("env") != config.env or any(k not in base for k in ("seed", "rl", "sft",
                                                                        "rollout")):
         break
+      base = spec.upgrade(base)
     except (OSError, ValueError):  # none there, or not a run's config
       break
     out.append((path, base))
@@ -962,7 +945,8 @@ class Experiment:
   """A configured run (see the module docstring).
 
   Args:
-    config: the run's config (``experiments/configs/*.py``).
+    config: the run's config (``experiments/configs/*.py``); :attr:`config`
+      holds it upgraded (:func:`experiments.spec.upgrade`).
     devices: the devices of ``config.mesh`` (default ``jax.devices()``,
       every process's; with ``config.mesh=""`` the default device). E.g.
       the first N of 8 for a scaling benchmark in one process.
@@ -977,7 +961,7 @@ class Experiment:
 
   def __init__(self, config, devices=None):
     devices = None if devices is None else list(devices)
-    spec = config.get("mesh", "")  # absent in runs saved before the field
+    config = spec.upgrade(config)
     validate(config, None if devices is None else len(devices))
     self.config = c = config
     if c.model_dir and not os.path.isfile(os.path.join(c.model_dir, "config.json")):
@@ -995,10 +979,9 @@ class Experiment:
       self.model_config = models.read_hf_config(c.model_dir)
     else:
       self.model_config = models.get_config(c.model)
-    # Absent in runs saved before the fields: float32 compute, "auto".
     self.model_config = self.model_config.replace(
-        remat=bool(c.get("remat", False)), dtype=c.get("compute_dtype", "float32"),
-        attention_impl=c.get("attention_impl", "auto"), cache_dtype=c.get("cache_dtype", ""))
+        remat=bool(c.remat), dtype=c.compute_dtype, attention_impl=c.attention_impl,
+        cache_dtype=c.cache_dtype)
     self.lora_config = lora_config(c, self.model_config)  # None: LoRA off
     random_base = lora_base_warning(c)
     if random_base:
@@ -1020,10 +1003,10 @@ class Experiment:
     self.needs = self.objective.needs
     # One code path for every run: config.mesh (validated above), or a
     # one-device mesh of the default device (bit for bit an unsharded run).
-    self.mesh = (sharding.make_mesh(spec, devices) if spec
+    self.mesh = (sharding.make_mesh(c.mesh, devices) if c.mesh
                  else sharding.make_mesh("", jax.local_devices()[:1]))
     minibatch_rows = self.num_keep * r.group_size // c.rl.num_minibatches
-    micro = c.rl.get("num_microbatches", 1)
+    micro = c.rl.num_microbatches
     if micro == -1:  # one row per device (data x fsdp) in each micro-batch
       micro = minibatch_rows // sharding.rows_size(self.mesh)
     self.train_config = train_config(c, self.model_config, micro)
@@ -1134,9 +1117,8 @@ class Experiment:
     c = self.config
     expert = rollout.make_expert(
         self.env, think=self.prompt.think, actions_per_turn=c.sft.actions_per_turn,
-        policy=c.sft.get("expert", "solver"), seed=c.seed,
-        max_nodes=c.sft.get("expert_max_nodes", 1_000_000),
-        reuse_plans=c.sft.get("expert_reuse_plans", False))
+        policy=c.sft.expert, seed=c.seed, max_nodes=c.sft.expert_max_nodes,
+        reuse_plans=c.sft.expert_reuse_plans)
     rc = rollout.RolloutConfig(
         num_groups=c.sft.num_demos, group_size=1, max_turns=self.rollout_config.max_turns,
         max_tokens_per_turn=self.rollout_config.max_tokens_per_turn,
@@ -1278,7 +1260,7 @@ class Experiment:
     steps it costs nothing and returns NaNs (not measured; MetricsWriter
     leaves them out).
     """
-    every = diagnostics_every(self.config)
+    every = self.config.diagnostics.every
     if not every:
       return None
     d = self.config.diagnostics
@@ -1290,7 +1272,7 @@ class Experiment:
 
     def compute(state, traj, key):
       return train.collapse_metrics(
-          state.params, traj, key, config=self.model_config, num_rows=d.get("num_rows", 32),
+          state.params, traj, key, config=self.model_config, num_rows=d.num_rows,
           temperature=rc.temperature, reply_tokens=rc.max_tokens_per_turn,
           prompt_tokens=prompt, token_table=table, think=self.prompt.think)
 
@@ -1391,12 +1373,12 @@ class Experiment:
     out of the levels this run's policy trained on, its base run's included
     (:meth:`trained_reset_keys`, :meth:`held_out_keys`;
     :attr:`eval_levels_removed` tells how many were replaced,
-    :attr:`held_out_base_runs` which base runs counted); otherwise (and
-    in runs saved before the field) ``split(key(eval.seed), eval.num_levels)``.
+    :attr:`held_out_base_runs` which base runs counted); otherwise
+    ``split(key(eval.seed), eval.num_levels)``.
     Computed on first use; a sweep assigns the set held out of all its runs.
     """
     c = self.config
-    if c.eval.get("held_out", False):
+    if c.eval.held_out:
       keys, self.eval_levels_removed = self.held_out_keys(self.trained_reset_keys())
       return keys
     self.eval_levels_removed = 0
