@@ -25,7 +25,6 @@ import inspect
 import json
 import math
 import os
-import re
 import time
 import typing
 from typing import Any, Callable, Sequence
@@ -40,6 +39,7 @@ from ml_collections import config_dict
 import numpy as np
 
 import envs_jax
+import jagent
 from jagent import losses
 from jagent import models
 from jagent import rollout
@@ -231,31 +231,27 @@ _HINTS = {
 }
 
 
-def _named(build: Callable[..., Any], fields: dict[str, tuple[str, Any]], **fixed) -> Any:
+def _named(build: Callable[..., Any], fields: dict[str, tuple[str, Any]], *,
+           owners: Sequence[str] | None = None, **fixed) -> Any:
   """``build(**fields' values, **fixed)``, its errors named as config fields.
 
   ``fields`` maps each argument of ``build`` (a config dataclass) to
-  ``(config field, value)``. A ValueError of the dataclass's own checks that
-  names one of those arguments (``"RolloutConfig.group_size=0: ..."``) is
-  re-raised as a :class:`ConfigError` naming the config field
-  (``"config.rollout.group_size=0: ..."``), its parenthesised advice
-  replaced by :data:`_HINTS`'s where that names the dataclass's fields;
-  any other error propagates as it is.
+  ``(config field, value)``. A :class:`jagent.FieldError` of the dataclass's
+  own checks (``owners``: the dataclasses whose checks run, default
+  ``build``'s own name) on one of those arguments
+  (``RolloutConfig.group_size=0: ...``) is re-raised as a
+  :class:`ConfigError` naming the config field
+  (``config.rollout.group_size=0: ...``), its advice replaced by
+  :data:`_HINTS`'s where that names the dataclass's fields; any other error
+  propagates as it is.
   """
   try:
     return build(**{arg: value for arg, (_, value) in fields.items()}, **fixed)
-  except ValueError as e:
-    text = str(e)
-    m = re.match(r"\w+\.(\w+)(=?)", text)
-    if m is None or m.group(1) not in fields:
+  except jagent.FieldError as e:
+    if e.owner not in (owners or (build.__name__,)) or e.field not in fields:
       raise
-    field, value = fields[m.group(1)]
-    if m.group(2):  # "Owner.arg=<value>: why"
-      why = text.partition(": ")[2] or text
-    else:  # "Owner.arg uses ...": the rest is the reason
-      why = text[m.end():].strip()
-    if field in _HINTS:
-      why = re.sub(r" \([^()]*\)$", "", why) + f" ({_HINTS[field]})"
+    field, value = fields[e.field]
+    why = f"{e.why} ({_HINTS[field]})" if field in _HINTS else e.reason()
     raise _bad(field, value, why) from e
 
 
@@ -291,7 +287,8 @@ def rollout_config(config) -> rollout.RolloutConfig:
                                              "max_tokens_per_turn", "max_actions_per_traj",
                                              "temperature")},
       "history_turns": ("rollout.history_turns", r.history_turns),
-      "merge_lora": ("rollout.merge_lora", r.merge_lora)})
+      "merge_lora": ("rollout.merge_lora", r.merge_lora)},
+                owners=("RolloutConfig", "SamplingConfig"))  # the latter: temperature
 
 
 def train_config(config, model_config: models.ModelConfig,
@@ -345,7 +342,7 @@ def lora_config(config, model_config: models.ModelConfig | None = None
 
   # Rank 0 is checked as rank 1: LoraConfig refuses 0, the other fields stand.
   lc = _named(build, {f: (f"lora.{f}", lo[f]) for f in ("alpha", "dropout", "target_modules")},
-              rank=max(rank, 1))
+              owners=("LoraConfig",), rank=max(rank, 1))
   return lc if rank else None
 
 
@@ -420,7 +417,7 @@ def eval_rollout_config(config, *, temperature: float | None = None, greedy: boo
       **{f: (f"rollout.{f}", r[f]) for f in ("max_turns", "max_tokens_per_turn",
                                              "max_actions_per_traj")},
       "history_turns": ("rollout.history_turns", r.history_turns)},
-                group_size=group_size, greedy=greedy, context_size=context_size)
+                owners=("RolloutConfig", "SamplingConfig"), group_size=group_size, greedy=greedy, context_size=context_size)
 
 
 def filter_config(config) -> losses.FilterConfig:
