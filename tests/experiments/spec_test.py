@@ -100,3 +100,48 @@ class UpgradeTest(absltest.TestCase):
 
 if __name__ == "__main__":
   absltest.main()
+
+
+class RunSpecTest(absltest.TestCase):
+
+  def test_built_once_from_the_config(self):
+    c = tiny.get_config("Sokoban-6x6-1box-v0,starpo_s")
+    c.compute_dtype = "bfloat16"
+    s = common.RunSpec.from_config(c)
+    self.assertEqual(s.config.to_json_best_effort(sort_keys=True),
+                     c.to_json_best_effort(sort_keys=True))
+    self.assertEqual(s.rollout, common.rollout_config(c))
+    self.assertEqual(s.prompt, common.prompt_config(c))
+    # The micro model (d64, 4 layers) computing in the config's dtype.
+    self.assertEqual((s.model.embed_dim, s.model.num_layers, s.model.dtype), (64, 4, "bfloat16"))
+    # StarPO-S keeps the top half of 16 groups; 8 x 8 rows in 2 minibatches of 4 chunks.
+    self.assertEqual(s.num_keep, 8)
+    self.assertEqual((s.filter.mode, s.filter.value), ("top_fraction", 0.5))
+    self.assertEqual((s.train.num_minibatches, s.train.num_microbatches), (2, 4))
+    self.assertEqual(s.train.actor_optimizer.learning_rate, 1e-4)
+    self.assertEqual(s.sft_optimizer.learning_rate, 1e-3)
+    self.assertIsNone(s.lora)
+    self.assertEqual(s.num_devices, 1)
+    # -1: one row per device in each micro-batch (one device: 32 rows a minibatch).
+    c.rl.num_microbatches = -1
+    self.assertEqual(common.RunSpec.from_config(c).train.num_microbatches, 32)
+
+  def test_the_experiment_holds_the_spec(self):
+    c = tiny.get_config("Bandit-v0,starpo_s")
+    s = common.RunSpec.from_config(c)
+    exp = common.Experiment(s)
+    self.assertIs(exp.spec, s)
+    self.assertIs(exp.config, s.config)
+    for mine, theirs in ((exp.rollout_config, s.rollout), (exp.train_config, s.train),
+                         (exp.objective, s.objective), (exp.model_config, s.model),
+                         (exp.prompt, s.prompt), (exp.filter_config, s.filter)):
+      self.assertIs(mine, theirs)
+    self.assertIs(exp.sft_train_config().actor_optimizer, s.sft_optimizer)
+
+  def test_model_dir_is_read_only_by_the_spec(self):
+    c = tiny.get_config("Bandit-v0,starpo_s")
+    c.model_dir = "/nonexistent"
+    common.validate(c)  # checks only: the nano config stands in
+    with self.assertRaisesRegex(common.ConfigError,
+                                r"^config\.model_dir='/nonexistent': no config\.json there"):
+      common.RunSpec.from_config(c)
