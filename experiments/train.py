@@ -60,7 +60,6 @@ import tqdm
 
 from experiments import cli
 from experiments import common
-from experiments import spec
 
 _CONFIG = cli.define_config_flag()  # a bad --config ends the program with one line
 _WORKDIR = flags.DEFINE_string(
@@ -377,8 +376,8 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   """
   from jagent import train  # pylint: disable=g-import-not-at-top
   t_start = time.time()
-  config = spec.upgrade(config)
   exp = common.Experiment(config)  # validates the whole config first
+  config = exp.config  # upgraded (experiments.spec.upgrade)
   primary = exp.is_primary
   os.makedirs(workdir, exist_ok=True)
   progress = progress and primary
