@@ -19,13 +19,13 @@ the same config, and only process 0 writes files other than checkpoints
 from __future__ import annotations
 
 import collections
+import dataclasses
 import difflib
 import functools
 import inspect
 import json
 import math
 import os
-import re
 import time
 import typing
 from typing import Any, Callable, Sequence
@@ -40,6 +40,7 @@ from ml_collections import config_dict
 import numpy as np
 
 import envs_jax
+import jagent
 from jagent import losses
 from jagent import models
 from jagent import rollout
@@ -48,6 +49,7 @@ from jagent import tokenizers
 from jagent import train
 from jagent import transforms
 
+from experiments import spec
 
 # Where experiments.train writes a run and experiments.eval reads it by default.
 DEFAULT_WORKDIR = os.path.join(os.path.expanduser("~"), "jagent_runs", "default")
@@ -151,7 +153,7 @@ def _fields_json(config, fields) -> str:
   for f in fields:
     node = config
     for part in f.split("."):
-      node = node.get(part) if node is not None else None  # absent in older runs: None
+      node = node[part]
     out[f] = node.to_dict() if hasattr(node, "to_dict") else node
   return json.dumps(out, sort_keys=True, default=repr)
 
@@ -230,31 +232,27 @@ _HINTS = {
 }
 
 
-def _named(build: Callable[..., Any], fields: dict[str, tuple[str, Any]], **fixed) -> Any:
+def _named(build: Callable[..., Any], fields: dict[str, tuple[str, Any]], *,
+           owners: Sequence[str] | None = None, **fixed) -> Any:
   """``build(**fields' values, **fixed)``, its errors named as config fields.
 
   ``fields`` maps each argument of ``build`` (a config dataclass) to
-  ``(config field, value)``. A ValueError of the dataclass's own checks that
-  names one of those arguments (``"RolloutConfig.group_size=0: ..."``) is
-  re-raised as a :class:`ConfigError` naming the config field
-  (``"config.rollout.group_size=0: ..."``), its parenthesised advice
-  replaced by :data:`_HINTS`'s where that names the dataclass's fields;
-  any other error propagates as it is.
+  ``(config field, value)``. A :class:`jagent.FieldError` of the dataclass's
+  own checks (``owners``: the dataclasses whose checks run, default
+  ``build``'s own name) on one of those arguments
+  (``RolloutConfig.group_size=0: ...``) is re-raised as a
+  :class:`ConfigError` naming the config field
+  (``config.rollout.group_size=0: ...``), its advice replaced by
+  :data:`_HINTS`'s where that names the dataclass's fields; any other error
+  propagates as it is.
   """
   try:
     return build(**{arg: value for arg, (_, value) in fields.items()}, **fixed)
-  except ValueError as e:
-    text = str(e)
-    m = re.match(r"\w+\.(\w+)(=?)", text)
-    if m is None or m.group(1) not in fields:
+  except jagent.FieldError as e:
+    if e.owner not in (owners or (build.__name__,)) or e.field not in fields:
       raise
-    field, value = fields[m.group(1)]
-    if m.group(2):  # "Owner.arg=<value>: why"
-      why = text.partition(": ")[2] or text
-    else:  # "Owner.arg uses ...": the rest is the reason
-      why = text[m.end():].strip()
-    if field in _HINTS:
-      why = re.sub(r" \([^()]*\)$", "", why) + f" ({_HINTS[field]})"
+    field, value = fields[e.field]
+    why = f"{e.why} ({_HINTS[field]})" if field in _HINTS else e.reason()
     raise _bad(field, value, why) from e
 
 
@@ -289,9 +287,9 @@ def rollout_config(config) -> rollout.RolloutConfig:
       **{f: (f"rollout.{f}", r[f]) for f in ("num_groups", "group_size", "max_turns",
                                              "max_tokens_per_turn", "max_actions_per_traj",
                                              "temperature")},
-      # Absent in runs saved before the fields: the full history, merged.
-      "history_turns": ("rollout.history_turns", r.get("history_turns", -1)),
-      "merge_lora": ("rollout.merge_lora", r.get("merge_lora", True))})
+      "history_turns": ("rollout.history_turns", r.history_turns),
+      "merge_lora": ("rollout.merge_lora", r.merge_lora)},
+                owners=("RolloutConfig", "SamplingConfig"))  # the latter: temperature
 
 
 def train_config(config, model_config: models.ModelConfig,
@@ -323,7 +321,7 @@ def lora_config(config, model_config: models.ModelConfig | None = None
                 ) -> models.LoraConfig | None:
   """The run's LoRA adapters (``config.lora``), or None when off.
 
-  Off when ``lora.rank`` is 0 (or the block is absent: runs saved before it).
+  Off when ``lora.rank`` is 0.
   With ``model_config``, also checks that its family has every target module.
   The other fields are checked even when off, so a typo (say
   ``target_modules=bogus``) is refused before it silently costs a run.
@@ -333,10 +331,8 @@ def lora_config(config, model_config: models.ModelConfig | None = None
       checks (``alpha``, ``dropout``, an unknown or missing module), naming
       ``config.lora.<field>``.
   """
-  lo = config.get("lora")
-  if lo is None:
-    return None
-  rank = lo.get("rank", 0)
+  lo = config.lora
+  rank = lo.rank
   _require_int("lora.rank", rank, 0, "must be an int >= 0 (0: LoRA off)")
 
   def build(**fields):
@@ -346,9 +342,8 @@ def lora_config(config, model_config: models.ModelConfig | None = None
     return lc
 
   # Rank 0 is checked as rank 1: LoraConfig refuses 0, the other fields stand.
-  lc = _named(build, {f: (f"lora.{f}", lo.get(f, d)) for f, d in (
-      ("alpha", 32.0), ("dropout", 0.0), ("target_modules", "all-linear"))},
-              rank=max(rank, 1))
+  lc = _named(build, {f: (f"lora.{f}", lo[f]) for f in ("alpha", "dropout", "target_modules")},
+              owners=("LoraConfig",), rank=max(rank, 1))
   return lc if rank else None
 
 
@@ -362,20 +357,17 @@ def lora_base_dtype(config) -> str | None:
   ``dtype`` (weights are cast at use) and the adapters stay float32.
 
   Returns:
-    The dtype name, or None when LoRA is off or the field is absent (runs
-    saved before it: the loaded dtype).
+    The dtype name, or None when LoRA is off or the field is None (the
+    loaded dtype).
 
   Raises:
     ConfigError: a value not in :data:`LORA_BASE_DTYPES` (LoRA on or off),
       naming the field.
   """
-  lo = config.get("lora")
-  if lo is None:
-    return None
-  dtype = lo.get("base_dtype", None)
+  dtype = config.lora.base_dtype
   if dtype is not None and dtype not in LORA_BASE_DTYPES:
     raise _bad("lora.base_dtype", dtype, f"must be one of {LORA_BASE_DTYPES}")
-  return dtype if lo.get("rank", 0) else None
+  return dtype if config.lora.rank else None
 
 
 def lora_base_warning(config) -> str | None:
@@ -398,9 +390,8 @@ def lora_base_warning(config) -> str | None:
     One line naming ``config.lora.rank`` and ``config.model_dir``, or None
     (LoRA off, or a base loaded from ``model_dir``).
   """
-  lo = config.get("lora")
-  rank = 0 if lo is None else lo.get("rank", 0)
-  if not rank or config.get("model_dir", ""):
+  rank = config.lora.rank
+  if not rank or config.model_dir:
     return None
   return (f"config.lora.rank={rank} with config.model_dir='': the adapters train on a "
           f"RANDOM frozen base ({config.model}), which they cannot teach a reply format "
@@ -426,8 +417,8 @@ def eval_rollout_config(config, *, temperature: float | None = None, greedy: boo
                       config.eval.temperature if temperature is None else temperature),
       **{f: (f"rollout.{f}", r[f]) for f in ("max_turns", "max_tokens_per_turn",
                                              "max_actions_per_traj")},
-      "history_turns": ("rollout.history_turns", r.get("history_turns", -1))},
-                group_size=group_size, greedy=greedy, context_size=context_size)
+      "history_turns": ("rollout.history_turns", r.history_turns)},
+                owners=("RolloutConfig", "SamplingConfig"), group_size=group_size, greedy=greedy, context_size=context_size)
 
 
 def filter_config(config) -> losses.FilterConfig:
@@ -664,12 +655,6 @@ ALERT_FLOORS = (("filter/reward_std_before", "min_reward_std"),
                 ("collapse/mutual_info", "min_mutual_info"))
 
 
-def diagnostics_every(config) -> int:
-  """``config.diagnostics.every``: 0 (off) when the block is absent (runs saved before it)."""
-  d = config.get("diagnostics")
-  return 0 if d is None else d.get("every", 0)
-
-
 def diagnostics_due(step, every: int):
   """Whether RL step ``step`` (0-based; a Python or traced int) runs the diagnostics.
 
@@ -701,7 +686,7 @@ def collapse_alert(config, step: int, metrics: dict,
   is used.
 
   Args:
-    config: the run's config (its ``diagnostics`` block; absent: no warning).
+    config: the run's config (its ``diagnostics`` block).
     step: the logged step (1-based), named in the line.
     metrics: this step's metrics (a dict of floats).
     recent: the metrics of the logged steps since the previous diagnosed
@@ -711,14 +696,13 @@ def collapse_alert(config, step: int, metrics: dict,
     ``"Echo Trap warning at step N: key=value < diagnostics.floor=f; ..."``
     (``mean of K steps`` after a value averaged over K > 1 steps), or None.
   """
-  d = config.get("diagnostics")
-  if d is None or not any(k.startswith("collapse/") and math.isfinite(v)
-                          for k, v in metrics.items()):
+  d = config.diagnostics
+  if not any(k.startswith("collapse/") and math.isfinite(v) for k, v in metrics.items()):
     return None
   recent = [metrics] if not recent else list(recent)
   crossed = []
   for key, floor in ALERT_FLOORS:
-    if d.get(floor, 0) <= 0:
+    if d[floor] <= 0:
       continue
     rows = [metrics] if key.startswith("collapse/") else recent
     values = [float(r[key]) for r in rows if key in r and math.isfinite(r[key])]
@@ -740,123 +724,208 @@ def _require_int(field: str, value: Any, minimum: int, why: str) -> None:
 
 
 def _validate_diagnostics(config) -> None:
-  """``config.diagnostics`` (absent in runs saved before it: off)."""
-  d = config.get("diagnostics")
-  if d is None:
-    return
-  _require_int("diagnostics.every", d.get("every", 0), 0,
-               "must be an int >= 0 (0: no diagnostics)")
-  _require_int("diagnostics.num_rows", d.get("num_rows", 32), 2,
+  """``config.diagnostics``."""
+  d = config.diagnostics
+  _require_int("diagnostics.every", d.every, 0, "must be an int >= 0 (0: no diagnostics)")
+  _require_int("diagnostics.num_rows", d.num_rows, 2,
                "must be an int >= 2 (I(X;Z) compares replies across prompts)")
   for _, floor in ALERT_FLOORS:
-    v = d.get(floor, 0.0)
+    v = d[floor]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
       raise _bad(f"diagnostics.{floor}", v, "must be a finite float >= 0 (0: no alert)")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RunSpec:
+  """What a run's config means, built once: every jagent dataclass and the objective.
+
+  Built by :meth:`from_config`, which names the first bad config field
+  before anything compiles. Holds no arrays, devices, tokenizer or env.
+
+  Attributes:
+    config: the config, upgraded (:func:`experiments.spec.upgrade`).
+    num_devices: the devices ``config.mesh`` uses (1 without a mesh).
+    model: the policy's ModelConfig (``config.model`` or ``config.model_dir``'s
+      ``config.json``, with ``remat``, ``compute_dtype``, ``attention_impl``
+      and ``cache_dtype`` set).
+    prompt: the PromptConfig (``config.prompt``).
+    rollout: the train rollout's RolloutConfig (``config.rollout``).
+    lora: the LoRA adapters' LoraConfig, or None when off.
+    lora_base_dtype: the dtype the frozen LoRA base is stored in, or None.
+    filter: the run's one uncertainty filter (``config.rl.filter_*``).
+    objective: the objective run on the kept rows
+      (``jagent.train.iteration_filter`` of ``config.algorithm``'s).
+    num_keep: the groups an RL step trains on (the filter's count, or all).
+    train: the RL stage's TrainConfig (``num_microbatches`` resolved from -1:
+      one row per device of ``data x fsdp`` in each micro-batch).
+    sft_optimizer: the SFT stage's OptimizerConfig, or None without SFT.
+  """
+  config: ml_collections.ConfigDict
+  num_devices: int
+  model: models.ModelConfig
+  prompt: rollout.PromptConfig
+  rollout: rollout.RolloutConfig
+  lora: models.LoraConfig | None
+  lora_base_dtype: str | None
+  filter: losses.FilterConfig
+  objective: transforms.Objective
+  num_keep: int
+  train: train.TrainConfig
+  sft_optimizer: train.OptimizerConfig | None
+
+  @classmethod
+  def from_config(cls, config, num_devices: int | None = None, *,
+                  read_model_dir: bool = True) -> "RunSpec":
+    """The spec of ``config`` (upgraded first), its cross-field checks run.
+
+    Builds the run's config dataclasses (RolloutConfig, OptimizerConfig,
+    TrainConfig, PromptConfig, ...) and the objective once, re-raising their
+    own checks' errors naming the config field (e.g.
+    ``config.rl.learning_rate``, ``config.algorithm_kwargs.entropy_coef``),
+    and checks what spans fields (a group-relative objective's group size,
+    rows per minibatch, SFT batch, evaluation chunks, the mesh). Compiles
+    nothing.
+
+    Args:
+      config: a run's config (``experiments/configs/*.py`` or a saved
+        ``config.json``).
+      num_devices: the device count ``config.mesh`` must use (default
+        ``jax.device_count()``: every process's devices; so in a
+        multi-process run, call it after ``jax.distributed.initialize``).
+      read_model_dir: read ``config.model_dir``'s ``config.json`` for the
+        model. False reads no file: the ``nano`` config stands in for a
+        model directory's (checks only: see :func:`validate`).
+
+    Raises:
+      ConfigError: the first bad field, named (a ``config.model_dir``
+        without a ``config.json`` too).
+    """
+    config = spec.upgrade(config)
+    if config.env not in envs_jax.registered():
+      raise _bad("env", config.env, f"not a registered environment; known: "
+                 f"{sorted(envs_jax.registered())}")
+    if config.algorithm not in transforms.registered():
+      raise _bad("algorithm", config.algorithm,
+                 f"unknown; known: {sorted(transforms.registered())}")
+    if not config.tokenizer and not config.model_dir:
+      raise _bad("tokenizer", config.tokenizer,
+                 "empty means the model_dir's tokenizer, but config.model_dir is empty too "
+                 "(pass --config.model_dir=<a Hugging Face model directory>)")
+    if config.model not in models.config_names() and not config.model_dir:
+      raise _bad("model", config.model, f"unknown; known: {models.config_names()}")
+    model = _model_config(config, read_model_dir)
+    prompt = prompt_config(config)
+    r = rollout_config(config)
+    obj = objective(config)
+    # Group-relative advantages (GRPO, RLOO, GiGPO, ...) are all 0 with one
+    # rollout a group: such a run would train nothing.
+    if obj.needs.groups and r.group_size < 2:
+      raise _bad("rollout.group_size", r.group_size,
+                 f"the objective {config.algorithm!r} compares the rollouts of a group, so "
+                 "with one rollout a group every advantage is 0 and nothing is learned; set "
+                 "config.rollout.group_size >= 2")
+    for field in ("rl.steps", "sft.steps", "eval.every", "eval.samples"):
+      _require_int(field, config_field(config, field), 0, "must be an int >= 0")
+    fc = filter_config(config)
+    if config.rl.critic not in train.CRITIC_KINDS:
+      raise _bad("rl.critic", config.rl.critic, f"unknown; known: {train.CRITIC_KINDS}")
+    num_keep = r.num_groups
+    if fc.fixed_count:
+      try:
+        num_keep = train.num_kept_groups(r.num_groups, fc)
+      except ValueError as e:
+        raise _bad("rl.filter_value", config.rl.filter_value, str(e)) from None
+      if num_keep < 1:
+        raise _bad("rl.filter_value", config.rl.filter_value,
+                   f"keeps no group of rollout.num_groups={r.num_groups}")
+    rows = num_keep * r.group_size
+    micro = config.rl.num_microbatches
+    # -1 (one row per device) is resolved once the mesh is checked, below.
+    tc = train_config(config, model, 1 if micro == -1 else micro)
+    if rows % config.rl.num_minibatches:
+      raise _bad("rl.num_minibatches", config.rl.num_minibatches,
+                 f"does not divide the {rows} trained rows per step (kept groups x group_size)")
+    if micro > 0 and (rows // config.rl.num_minibatches) % micro:
+      raise _bad("rl.num_microbatches", config.rl.num_microbatches,
+                 f"does not divide the {rows // config.rl.num_minibatches} rows of a minibatch "
+                 f"({rows} trained rows / rl.num_minibatches={config.rl.num_minibatches})")
+    # config.sft.expert is make_expert's policy.
+    if config.sft.expert not in rollout.EXPERT_POLICIES:
+      raise _bad("sft.expert", config.sft.expert, f"unknown; known: {rollout.EXPERT_POLICIES}")
+    max_nodes = config.sft.expert_max_nodes
+    if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
+      raise _bad("sft.expert_max_nodes", max_nodes, "must be an int >= 1")
+    sft = sft_optimizer(config) if config.sft.steps else None
+    # SFT rows are episodes in the full history, turns in a bounded window (at
+    # most max_turns an episode; sft_batch_indices checks the turns taken).
+    sft_rows = config.sft.num_demos * (
+        1 if config.rollout.history_turns < 0 else config.rollout.max_turns)
+    if config.sft.steps and config.sft.batch_size > sft_rows:
+      raise _bad("sft.batch_size", config.sft.batch_size,
+                 f"is larger than the {sft_rows} rows of sft.num_demos={config.sft.num_demos}")
+    if config.sft.steps and not 1 <= config.sft.actions_per_turn <= (
+        config.prompt.max_actions_per_turn):
+      raise _bad("sft.actions_per_turn", config.sft.actions_per_turn,
+                 f"must be in [1, prompt.max_actions_per_turn="
+                 f"{config.prompt.max_actions_per_turn}]")
+    eval_rollout_config(config)  # eval.num_groups, eval.temperature
+    # A stand-in model (no model directory read) has no modules to check.
+    lora = lora_config(config, model if read_model_dir or not config.model_dir else None)
+    base_dtype = lora_base_dtype(config)
+    _validate_diagnostics(config)
+    _require_int("checkpoint.every", config.checkpoint.every, 0,
+                 "must be an int >= 0 (0: a checkpoint after SFT and after the last step only)")
+    _require_int("checkpoint.keep", config.checkpoint.keep, 1, "must be an int >= 1")
+    _require_int("rl.empty_stop_steps", config.rl.empty_stop_steps, 0,
+                 "must be an int >= 0 (stop after that many consecutive steps that trained "
+                 "nothing; 0: never)")
+    if not isinstance(config.eval.num_levels, int) or config.eval.num_levels < 1:
+      raise _bad("eval.num_levels", config.eval.num_levels, "must be an int >= 1")
+    if config.eval.num_levels % config.eval.num_groups:
+      raise _bad("eval.num_levels", config.eval.num_levels,
+                 f"must be a multiple of eval.num_groups={config.eval.num_groups}")
+    n_dev, rows_per_device = _validate_mesh(config, num_devices, num_keep)
+    if micro == -1:  # one row per device (data x fsdp) in each micro-batch
+      tc = tc.replace(num_microbatches=rows // config.rl.num_minibatches // rows_per_device)
+    # The run's one filter (rl.filter_*) replaces the objective's own; the
+    # objective kept is the one that runs on the compacted rows (its filter
+    # stage rebuilt so the filter applies once), as train.rl_iteration does.
+    fc, obj = train.iteration_filter(obj, fc)
+    return cls(config=config, num_devices=n_dev, model=model, prompt=prompt, rollout=r,
+               lora=lora, lora_base_dtype=base_dtype, filter=fc, objective=obj,
+               num_keep=num_keep, train=tc, sft_optimizer=sft)
 
 
 def validate(config, num_devices: int | None = None) -> None:
   """Checks a train/eval config; raises ConfigError naming the first bad field.
 
-  Builds the run's config dataclasses (RolloutConfig, OptimizerConfig,
-  TrainConfig, PromptConfig, ...) and the objective, and re-raises their
-  own checks' errors naming the config field (e.g.
-  ``config.rl.learning_rate``, ``config.algorithm_kwargs.entropy_coef``),
-  then checks what spans fields (a group-relative objective's group size,
-  rows per minibatch, SFT batch, evaluation chunks, the mesh). Reads no
-  model directory and compiles nothing. ``num_devices`` is the device count
-  ``config.mesh`` must use (default ``jax.device_count()``: every process's
-  devices).
+  :meth:`RunSpec.from_config` without reading ``config.model_dir`` (the
+  ``nano`` config stands in for its model), so a config naming a model
+  directory of another machine can be checked. Compiles nothing.
   """
-  if config.env not in envs_jax.registered():
-    raise _bad("env", config.env, f"not a registered environment; known: "
-               f"{sorted(envs_jax.registered())}")
-  if config.algorithm not in transforms.registered():
-    raise _bad("algorithm", config.algorithm,
-               f"unknown; known: {sorted(transforms.registered())}")
-  if not config.tokenizer and not config.model_dir:
-    raise _bad("tokenizer", config.tokenizer,
-               "empty means the model_dir's tokenizer, but config.model_dir is empty too "
-               "(pass --config.model_dir=<a Hugging Face model directory>)")
-  if config.model not in models.config_names() and not config.model_dir:
-    raise _bad("model", config.model, f"unknown; known: {models.config_names()}")
-  # The model fields a run sets (absent in runs saved before them), checked
-  # by ModelConfig itself.
-  _named(models.ModelConfig, {
-      "dtype": ("compute_dtype", config.get("compute_dtype", "float32")),
-      "attention_impl": ("attention_impl", config.get("attention_impl", "auto")),
-      "cache_dtype": ("cache_dtype", config.get("cache_dtype", ""))})
-  prompt_config(config)
-  r = rollout_config(config)
-  # Group-relative advantages (GRPO, RLOO, GiGPO, ...) are all 0 with one
-  # rollout a group: such a run would train nothing.
-  if objective(config).needs.groups and r.group_size < 2:
-    raise _bad("rollout.group_size", r.group_size,
-               f"the objective {config.algorithm!r} compares the rollouts of a group, so with "
-               "one rollout a group every advantage is 0 and nothing is learned; set "
-               "config.rollout.group_size >= 2")
-  for field in ("rl.steps", "sft.steps", "eval.every", "eval.samples"):
-    _require_int(field, config_field(config, field), 0, "must be an int >= 0")
-  fc = filter_config(config)
-  if config.rl.critic not in train.CRITIC_KINDS:
-    raise _bad("rl.critic", config.rl.critic, f"unknown; known: {train.CRITIC_KINDS}")
-  if fc.fixed_count:
-    try:
-      k = train.num_kept_groups(r.num_groups, fc)
-    except ValueError as e:
-      raise _bad("rl.filter_value", config.rl.filter_value, str(e)) from None
-    if k < 1:
-      raise _bad("rl.filter_value", config.rl.filter_value,
-                 f"keeps no group of rollout.num_groups={r.num_groups}")
-    rows = k * r.group_size
+  RunSpec.from_config(config, num_devices, read_model_dir=False)
+
+
+def _model_config(config, read_model_dir: bool) -> models.ModelConfig:
+  """The policy's ModelConfig with the run's fields (see :attr:`RunSpec.model`).
+
+  Raises:
+    ConfigError: a ``config.model_dir`` without a ``config.json``, or
+      ModelConfig's own checks of ``remat``, ``compute_dtype``,
+      ``attention_impl`` and ``cache_dtype``, naming the field.
+  """
+  if config.model_dir and read_model_dir:
+    if not os.path.isfile(os.path.join(config.model_dir, "config.json")):
+      raise _bad("model_dir", config.model_dir, "no config.json there: a Hugging Face model "
+                 "directory is needed (e.g. a run's <workdir>/policy)")
+    base = models.read_hf_config(config.model_dir)
   else:
-    rows = r.num_groups * r.group_size
-  micro = config.rl.get("num_microbatches", 1)
-  # The model's fields are checked when it is built; any ModelConfig stands in.
-  train_config(config, models.get_config("nano"), 1 if micro == -1 else micro)
-  if rows % config.rl.num_minibatches:
-    raise _bad("rl.num_minibatches", config.rl.num_minibatches,
-               f"does not divide the {rows} trained rows per step (kept groups x group_size)")
-  if micro > 0 and (rows // config.rl.num_minibatches) % micro:
-    raise _bad("rl.num_microbatches", config.rl.num_microbatches,
-               f"does not divide the {rows // config.rl.num_minibatches} rows of a minibatch "
-               f"({rows} trained rows / rl.num_minibatches={config.rl.num_minibatches})")
-  # config.sft.expert is make_expert's policy (absent in runs saved before it).
-  if config.sft.get("expert", "solver") not in rollout.EXPERT_POLICIES:
-    raise _bad("sft.expert", config.sft.expert, f"unknown; known: {rollout.EXPERT_POLICIES}")
-  max_nodes = config.sft.get("expert_max_nodes", 1_000_000)
-  if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
-    raise _bad("sft.expert_max_nodes", max_nodes, "must be an int >= 1")
-  if config.sft.steps:
-    sft_optimizer(config)
-  # SFT rows are episodes in the full history, turns in a bounded window (at
-  # most max_turns an episode; sft_batch_indices checks the turns taken).
-  sft_rows = config.sft.num_demos * (
-      1 if config.rollout.get("history_turns", -1) < 0 else config.rollout.max_turns)
-  if config.sft.steps and config.sft.batch_size > sft_rows:
-    raise _bad("sft.batch_size", config.sft.batch_size,
-               f"is larger than the {sft_rows} rows of sft.num_demos={config.sft.num_demos}")
-  if config.sft.steps and not 1 <= config.sft.actions_per_turn <= (
-      config.prompt.max_actions_per_turn):
-    raise _bad("sft.actions_per_turn", config.sft.actions_per_turn,
-               f"must be in [1, prompt.max_actions_per_turn="
-               f"{config.prompt.max_actions_per_turn}]")
-  eval_rollout_config(config)  # eval.num_groups, eval.temperature
-  lora_config(config, None if config.model_dir else models.get_config(config.model))
-  lora_base_dtype(config)
-  _validate_diagnostics(config)
-  _require_int("checkpoint.every", config.checkpoint.every, 0,
-               "must be an int >= 0 (0: a checkpoint after SFT and after the last step only)")
-  _require_int("checkpoint.keep", config.checkpoint.keep, 1, "must be an int >= 1")
-  # Absent in runs saved before the field: never stop.
-  _require_int("rl.empty_stop_steps", config.rl.get("empty_stop_steps", 0), 0,
-               "must be an int >= 0 (stop after that many consecutive steps that trained "
-               "nothing; 0: never)")
-  if not isinstance(config.eval.num_levels, int) or config.eval.num_levels < 1:
-    raise _bad("eval.num_levels", config.eval.num_levels, "must be an int >= 1")
-  if config.eval.num_levels % config.eval.num_groups:
-    raise _bad("eval.num_levels", config.eval.num_levels,
-               f"must be a multiple of eval.num_groups={config.eval.num_groups}")
-  _validate_mesh(config, num_devices)
+    base = models.get_config("nano" if config.model_dir else config.model)
+  return _named(base.replace, {
+      "dtype": ("compute_dtype", config.compute_dtype),
+      "attention_impl": ("attention_impl", config.attention_impl),
+      "cache_dtype": ("cache_dtype", config.cache_dtype)},
+                owners=("ModelConfig",), remat=bool(config.remat))
 
 
 def sft_optimizer(config, learning_rate=None) -> train.OptimizerConfig:
@@ -876,21 +945,25 @@ def sft_optimizer(config, learning_rate=None) -> train.OptimizerConfig:
                 weight_decay=0.0)
 
 
-def _validate_mesh(config, num_devices: int | None) -> None:
+def _validate_mesh(config, num_devices: int | None, num_keep: int) -> tuple[int, int]:
   """``config.mesh`` against the device count and the rows it must split.
 
   Without ``num_devices`` reads ``jax.device_count()`` (all processes'
   devices), so in a multi-process run call it after
-  ``jax.distributed.initialize``.
+  ``jax.distributed.initialize``. ``num_keep``: the groups an RL step keeps.
+
+  Returns:
+    ``(devices, rows per device)``: the mesh's device count and its
+    ``data x fsdp`` (``(1, 1)`` without a mesh).
   """
-  spec = config.get("mesh", "")  # absent in runs saved before the field
-  if not spec:
-    return
+  mesh = config.mesh
+  if not mesh:
+    return 1, 1
   n_dev = jax.device_count() if num_devices is None else num_devices
   try:
-    data, fsdp, _ = sharding.parse_mesh_spec(spec, n_dev)
+    data, fsdp, _ = sharding.parse_mesh_spec(mesh, n_dev)
   except ValueError as e:
-    raise _bad("mesh", spec, f"{e} (the mesh must use {n_dev} devices; jax sees "
+    raise _bad("mesh", mesh, f"{e} (the mesh must use {n_dev} devices; jax sees "
                f"{jax.device_count()} in {jax.process_count()} process(es))") from None
   n = data * fsdp
   r = config.rollout
@@ -898,16 +971,14 @@ def _validate_mesh(config, num_devices: int | None) -> None:
           ("eval.num_groups", config.eval.num_groups)]
   if config.sft.steps:
     rows.append(("sft.batch_size", config.sft.batch_size))
-  if config.rl.get("num_microbatches", 1) == -1:
-    kept = r.num_groups
-    if config.rl.filter_mode in ("top_fraction", "top_k"):
-      kept = train.num_kept_groups(r.num_groups, filter_config(config))
+  if config.rl.num_microbatches == -1:
     rows.append(("a minibatch (rl.num_microbatches=-1: one row per device)",
-                 kept * r.group_size // config.rl.num_minibatches))
+                 num_keep * r.group_size // config.rl.num_minibatches))
   for name, b in rows:
     if b % n:
-      raise _bad("mesh", spec, f"splits batch rows data x fsdp = {n} ways, which does not "
+      raise _bad("mesh", mesh, f"splits batch rows data x fsdp = {n} ways, which does not "
                  f"divide the {b} rows of {name}")
+  return n_dev, n
 
 
 def trained_reset_keys(config) -> jax.Array:
@@ -923,7 +994,7 @@ def trained_reset_keys(config) -> jax.Array:
   rl_key = lambda s: jax.random.fold_in(jax.random.key(config.seed + 2), s)  # noqa: E731
   keys = [jax.vmap(lambda s: rollout.group_reset_keys(rl_key(s), config.rollout.num_groups))(
       steps).reshape(-1)]
-  if config.sft.steps and config.sft.get("expert", "solver") == "solver":
+  if config.sft.steps and config.sft.expert == "solver":
     keys.append(rollout.group_reset_keys(jax.random.fold_in(jax.random.key(config.seed), 1),
                                          config.sft.num_demos))
   return jax.numpy.concatenate(keys)
@@ -939,10 +1010,10 @@ def base_runs(config, max_depth: int = 8) -> list[tuple[str, ml_collections.Conf
   elsewhere (e.g. a Hugging Face download) has none.
 
   Returns:
-    ``[(path of its config.json, its config), ...]``, nearest first.
+    ``[(path of its config.json, its upgraded config), ...]``, nearest first.
   """
   out = []
-  while len(out) < max_depth and config.get("model_dir", ""):
+  while len(out) < max_depth and config.model_dir:
     path = os.path.join(os.path.dirname(os.path.abspath(os.path.normpath(config.model_dir))),
                         "config.json")
     try:
@@ -951,6 +1022,7 @@ def base_runs(config, max_depth: int = 8) -> list[tuple[str, ml_collections.Conf
       if base.get("env") != config.env or any(k not in base for k in ("seed", "rl", "sft",
                                                                        "rollout")):
         break
+      base = spec.upgrade(base)
     except (OSError, ValueError):  # none there, or not a run's config
       break
     out.append((path, base))
@@ -962,13 +1034,15 @@ class Experiment:
   """A configured run (see the module docstring).
 
   Args:
-    config: the run's config (``experiments/configs/*.py``).
+    config: the run's config (``experiments/configs/*.py``), or its
+      :class:`RunSpec` (:attr:`spec`; :attr:`config` holds the config
+      upgraded, :func:`experiments.spec.upgrade`).
     devices: the devices of ``config.mesh`` (default ``jax.devices()``,
       every process's; with ``config.mesh=""`` the default device). E.g.
       the first N of 8 for a scaling benchmark in one process.
 
   Raises:
-    ValueError: from :func:`validate` (a bad ``config.mesh``, or one that
+    ValueError: from :meth:`RunSpec.from_config` (a bad ``config.mesh``, or one that
       does not use exactly ``devices`` or does not divide the batch rows,
       named as ``config.mesh``), a ``config.model_dir`` without a
       ``config.json``, or when the context cannot hold a turn
@@ -977,56 +1051,43 @@ class Experiment:
 
   def __init__(self, config, devices=None):
     devices = None if devices is None else list(devices)
-    spec = config.get("mesh", "")  # absent in runs saved before the field
-    validate(config, None if devices is None else len(devices))
-    self.config = c = config
-    if c.model_dir and not os.path.isfile(os.path.join(c.model_dir, "config.json")):
-      raise _bad("model_dir", c.model_dir, "no config.json there: a Hugging Face model directory "
-                 "is needed (e.g. a run's <workdir>/policy)")
+    if isinstance(config, RunSpec):
+      self.spec = config
+      if devices is not None and config.config.mesh and config.num_devices != len(devices):
+        raise ValueError(f"a RunSpec built for {config.num_devices} devices run on "
+                         f"{len(devices)}")
+    else:
+      self.spec = RunSpec.from_config(config, None if devices is None else len(devices))
+    s = self.spec
+    self.config = c = s.config
     # "tiny": the shipped sentencepiece model; "": the model directory's
     # tokenizer.json; else a directory holding a tokenizer.json.
     self.tokenizer = (tokenizers.load_tiny_tokenizer() if c.tokenizer == "tiny"
                       else tokenizers.HFTokenizer(c.tokenizer or c.model_dir))
     self.env, self.env_params = envs_jax.make(c.env)
-    self.prompt = prompt_config(c)
+    self.prompt = s.prompt
     self.text_env = rollout.TextEnv(self.env, self.tokenizer, self.prompt,
                                     env_params=self.env_params)
-    if c.model_dir:
-      self.model_config = models.read_hf_config(c.model_dir)
-    else:
-      self.model_config = models.get_config(c.model)
-    # Absent in runs saved before the fields: float32 compute, "auto".
-    self.model_config = self.model_config.replace(
-        remat=bool(c.get("remat", False)), dtype=c.get("compute_dtype", "float32"),
-        attention_impl=c.get("attention_impl", "auto"), cache_dtype=c.get("cache_dtype", ""))
-    self.lora_config = lora_config(c, self.model_config)  # None: LoRA off
+    self.model_config = s.model
+    self.lora_config = s.lora  # None: LoRA off
     random_base = lora_base_warning(c)
     if random_base:
       logging.warning(random_base)
     r = c.rollout
-    self.rollout_config = rollout_config(c)
+    self.rollout_config = s.rollout
     self.context_size = rollout.context_size(self.text_env, self.rollout_config)
     if self.context_size > self.model_config.max_position:
       raise _bad("rollout.max_tokens_per_turn", r.max_tokens_per_turn,
                  f"rollout.max_turns={r.max_turns} turns of it need {self.context_size} "
                  f"tokens of context; the model has {self.model_config.max_position} positions")
-    # The run's one filter (rl.filter_*) replaces the objective's own; the
-    # objective kept is the one that runs on the compacted rows (its filter
-    # stage rebuilt so the filter applies once), as train.rl_iteration does.
-    self.filter_config, self.objective = train.iteration_filter(
-        objective(c), filter_config(c))
-    self.num_keep = (train.num_kept_groups(r.num_groups, self.filter_config)
-                     if self.filter_config.fixed_count else r.num_groups)
+    self.filter_config, self.objective = s.filter, s.objective
+    self.num_keep = s.num_keep
     self.needs = self.objective.needs
-    # One code path for every run: config.mesh (validated above), or a
+    # One code path for every run: config.mesh (validated by the spec), or a
     # one-device mesh of the default device (bit for bit an unsharded run).
-    self.mesh = (sharding.make_mesh(spec, devices) if spec
+    self.mesh = (sharding.make_mesh(c.mesh, devices) if c.mesh
                  else sharding.make_mesh("", jax.local_devices()[:1]))
-    minibatch_rows = self.num_keep * r.group_size // c.rl.num_minibatches
-    micro = c.rl.get("num_microbatches", 1)
-    if micro == -1:  # one row per device (data x fsdp) in each micro-batch
-      micro = minibatch_rows // sharding.rows_size(self.mesh)
-    self.train_config = train_config(c, self.model_config, micro)
+    self.train_config = s.train
     self._signature = None
     # Sharded programs are shared only by Experiments on the same devices.
     self._devices_key = (tuple(self.mesh.shape.values()),
@@ -1134,9 +1195,8 @@ class Experiment:
     c = self.config
     expert = rollout.make_expert(
         self.env, think=self.prompt.think, actions_per_turn=c.sft.actions_per_turn,
-        policy=c.sft.get("expert", "solver"), seed=c.seed,
-        max_nodes=c.sft.get("expert_max_nodes", 1_000_000),
-        reuse_plans=c.sft.get("expert_reuse_plans", False))
+        policy=c.sft.expert, seed=c.seed, max_nodes=c.sft.expert_max_nodes,
+        reuse_plans=c.sft.expert_reuse_plans)
     rc = rollout.RolloutConfig(
         num_groups=c.sft.num_demos, group_size=1, max_turns=self.rollout_config.max_turns,
         max_tokens_per_turn=self.rollout_config.max_tokens_per_turn,
@@ -1152,8 +1212,9 @@ class Experiment:
 
     ``learning_rate`` may be a traced float32 scalar (a vmapped sweep).
     """
-    return train.TrainConfig(model=self.model_config,
-                             actor_optimizer=sft_optimizer(self.config, learning_rate))
+    optimizer = (self.spec.sft_optimizer if learning_rate is None else None) or sft_optimizer(
+        self.config, learning_rate)
+    return train.TrainConfig(model=self.model_config, actor_optimizer=optimizer)
 
   def sft_batch_indices(self, row_valid) -> np.ndarray:
     """int64 ``[sft.steps, sft.batch_size]``: the demonstration rows of each SFT step.
@@ -1278,7 +1339,7 @@ class Experiment:
     steps it costs nothing and returns NaNs (not measured; MetricsWriter
     leaves them out).
     """
-    every = diagnostics_every(self.config)
+    every = self.config.diagnostics.every
     if not every:
       return None
     d = self.config.diagnostics
@@ -1290,7 +1351,7 @@ class Experiment:
 
     def compute(state, traj, key):
       return train.collapse_metrics(
-          state.params, traj, key, config=self.model_config, num_rows=d.get("num_rows", 32),
+          state.params, traj, key, config=self.model_config, num_rows=d.num_rows,
           temperature=rc.temperature, reply_tokens=rc.max_tokens_per_turn,
           prompt_tokens=prompt, token_table=table, think=self.prompt.think)
 
@@ -1391,12 +1452,12 @@ class Experiment:
     out of the levels this run's policy trained on, its base run's included
     (:meth:`trained_reset_keys`, :meth:`held_out_keys`;
     :attr:`eval_levels_removed` tells how many were replaced,
-    :attr:`held_out_base_runs` which base runs counted); otherwise (and
-    in runs saved before the field) ``split(key(eval.seed), eval.num_levels)``.
+    :attr:`held_out_base_runs` which base runs counted); otherwise
+    ``split(key(eval.seed), eval.num_levels)``.
     Computed on first use; a sweep assigns the set held out of all its runs.
     """
     c = self.config
-    if c.eval.get("held_out", False):
+    if c.eval.held_out:
       keys, self.eval_levels_removed = self.held_out_keys(self.trained_reset_keys())
       return keys
     self.eval_levels_removed = 0

@@ -68,6 +68,7 @@ import ml_collections
 import envs_jax
 from experiments import cli
 from experiments import common
+from experiments import spec
 from jagent import rollout
 from jagent import sharding
 from jagent import train
@@ -186,7 +187,7 @@ def cross_env_config(config: ml_collections.ConfigDict, env: str, *, legend: boo
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The config of the run in ``workdir`` (its ``config.json``).
+  """The config of the run in ``workdir`` (its ``config.json``, upgraded: :func:`spec.upgrade`).
 
   Raises:
     ValueError: ``workdir`` is not a directory or has no ``config.json``
@@ -200,7 +201,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     raise common.ConfigError(f"{path} does not exist: {workdir!r} is not a run directory of "
                              "experiments.train (it writes config.json first).")
   with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+    return spec.upgrade(ml_collections.ConfigDict(json.load(f)))
 
 
 def evaluate_run(workdir: str, *, env: str | None = None, num_levels: int | None = None,
@@ -257,8 +258,7 @@ def evaluate_run(workdir: str, *, env: str | None = None, num_levels: int | None
     config.eval.samples = samples
   # One device, whatever mesh the run trained on (config.mesh): checkpoints
   # restore onto any sharding, and the run's device count need not be here.
-  if "mesh" in config:
-    config.mesh = ""
+  config.mesh = ""
   try:
     exp = common.Experiment(config)  # validates (naming config.<field>)
   except ValueError as e:

@@ -74,6 +74,7 @@ import numpy as np
 
 from experiments import cli
 from experiments import common
+from experiments import spec
 from jagent import models
 from jagent import train
 from jagent import transforms
@@ -160,11 +161,12 @@ def run_configs(config, seeds: int = 1, sweep: str | None = None) -> tuple[str |
   """
   if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
     raise common.ConfigError(f"--seeds={seeds!r}: must be an int >= 1")
-  if config.get("mesh", ""):
+  config = spec.upgrade(config)
+  if config.mesh:
     raise common.ConfigError(f"config.mesh={config.mesh!r}: a sweep runs its runs as one program on "
                      "one device (vmapped); leave config.mesh empty (sharded sweeps are "
                      "not supported)")
-  if config.rl.get("empty_stop_steps", 0):
+  if config.rl.empty_stop_steps:
     raise common.ConfigError(f"config.rl.empty_stop_steps={config.rl.empty_stop_steps!r}: a sweep "
                      "runs rl.steps iterations as one program and cannot stop a run early; "
                      "set it to 0 (experiments.train stops)")
@@ -525,7 +527,7 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   seconds["sft"] = time.perf_counter() - t0
 
   t0 = time.perf_counter()
-  if c.eval.get("held_out", False):  # one level set, held out of every run's training levels
+  if c.eval.held_out:  # one level set, held out of every run's training levels
     held, removed = exp.held_out_keys(jnp.concatenate([e.trained_reset_keys() for e in exps]))
     for e in exps:
       e.eval_keys, e.eval_levels_removed = held, removed

@@ -133,11 +133,10 @@ def curve_panels(config, held_out_removed: int | None = None) -> tuple:
   smooth = curve_smoothing(config.rl.steps)
   steps = (0, config.rl.steps)  # one x axis for every RL panel
   rl = {"smoothing": smooth, "min_step": 1, "xlim": steps}  # SFT writes steps <= 0
-  held_out = ev.get("held_out", False) and held_out_removed != -1
+  held_out = ev.held_out and held_out_removed != -1
   levels = f"{ev.num_levels} {'held-out' if held_out else 'plain'} levels"
-  diagnostics = config.get("diagnostics")  # RAGEN-2's collapse/*: a few steps only
-  every = (f", every {diagnostics.every} steps" if diagnostics and diagnostics.get("every")
-           else "")
+  # RAGEN-2's collapse/*: a few steps only.
+  every = f", every {config.diagnostics.every} steps" if config.diagnostics.every else ""
   grad_norm = [S("train/grad_norm", "mean over updates")]
   if config.rl.num_minibatches * config.rl.ppo_epochs > 1:  # else max == mean
     grad_norm.append(S("train/grad_norm_max", "max over updates"))
@@ -378,6 +377,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   from jagent import train  # pylint: disable=g-import-not-at-top
   t_start = time.time()
   exp = common.Experiment(config)  # validates the whole config first
+  config = exp.config  # upgraded (experiments.spec.upgrade)
   primary = exp.is_primary
   os.makedirs(workdir, exist_ok=True)
   progress = progress and primary
@@ -422,7 +422,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
     saved = int(state.step)
 
   if "rl" not in summary:  # ---- RL, then the final evaluation (else: both done).
-    stop_after = config.rl.get("empty_stop_steps", 0)  # absent in runs saved before it
+    stop_after = config.rl.empty_stop_steps
     stopped = None
     bar = tqdm.tqdm(range(int(state.step), steps), initial=int(state.step), total=steps,
                     disable=not progress, desc=f"{config.algorithm} on {config.env}")
@@ -430,7 +430,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
     # The steps since the last diagnosed one (after a resume: since the resume),
     # kept only when the diagnostics run: otherwise nothing ever empties it.
     recent = []
-    every = common.diagnostics_every(config)
+    every = config.diagnostics.every
     ckpt_every = config.checkpoint.every  # 0: only after the last step
     for step in bar:
       state, m = exp.rl_step(state, step)  # time/step_seconds included

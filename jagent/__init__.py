@@ -12,12 +12,16 @@ and ``import jagent.losses`` loads neither the models nor the tokenizers):
 - ``jagent.train``: train state, jitted train steps, checkpoints, metrics.
 - ``jagent.sharding``: device meshes and sharded train / rollout steps.
 
+``jagent.FieldError`` (a ValueError) is what the config dataclasses' checks
+raise: the dataclass, field, value and reason as attributes.
+
 Please don't use symbols in ``jagent._src``: they may change without notice.
 """
 
 import importlib
 import typing
 
+from jagent._src.errors import FieldError
 from jagent._src.types import Array
 from jagent._src.types import ArrayLike
 from jagent._src.types import PRNGKey
@@ -48,6 +52,7 @@ _SUBPACKAGES = (
 __all__ = (
     "Array",
     "ArrayLike",
+    "FieldError",
     "PRNGKey",
     "PyTree",
     "SHAPE_LETTERS",

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jagent._src.errors import FieldError
 from jagent._src.types import Array
 from jagent._src.types import ArrayLike
 from jagent.losses import _advantages
@@ -142,7 +143,7 @@ class FilterConfig:
     include_zero: whether zero-std groups may be kept (a bool).
 
   Raises:
-    ValueError: from ``__post_init__``, naming the bad field, e.g.
+    jagent.FieldError: (a ValueError) from ``__post_init__``, naming the bad field, e.g.
       ``FilterConfig.mode='top': must be one of (...)``.
 
   References:
@@ -154,7 +155,7 @@ class FilterConfig:
 
   def __post_init__(self):
     def bad(field, why):
-      raise ValueError(f"FilterConfig.{field}={getattr(self, field)!r}: {why}")
+      raise FieldError("FilterConfig", field, getattr(self, field), why)
 
     if self.mode not in FILTER_MODES:
       bad("mode", f"must be one of {FILTER_MODES}")

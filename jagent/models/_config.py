@@ -13,6 +13,8 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from jagent._src.errors import FieldError
+
 FAMILIES = ("qwen2", "llama")
 ROPE_TYPES = ("default", "llama3")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -76,7 +78,7 @@ class ModelConfig:
       ``pad_id`` is what the sampler writes after a row stops.
 
   Raises:
-    ValueError: from ``__post_init__``, naming the first invalid field.
+    jagent.FieldError: (a ValueError) from ``__post_init__``, naming the first invalid field.
   """
 
   family: str = "qwen2"
@@ -108,7 +110,7 @@ class ModelConfig:
 
   def __post_init__(self):
     def bad(field, why):
-      raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r}: {why}")
+      raise FieldError("ModelConfig", field, getattr(self, field), why)
 
     if self.family not in FAMILIES:
       bad("family", f"must be one of {FAMILIES}")

@@ -52,6 +52,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from jagent._src.errors import FieldError
 from jagent.models import _config
 
 LORA_MODULES = ("q", "k", "v", "o", "gate", "up", "down")
@@ -77,7 +78,7 @@ class LoraConfig:
       ``LORA_MODULES`` (a comma-separated string is accepted too).
 
   Raises:
-    ValueError: from ``__post_init__``, naming the bad field.
+    jagent.FieldError: (a ValueError) from ``__post_init__``, naming the bad field.
   """
   rank: int = 16
   alpha: float = 32.0
@@ -86,7 +87,7 @@ class LoraConfig:
 
   def __post_init__(self):
     def bad(field, why):
-      raise ValueError(f"LoraConfig.{field}={getattr(self, field)!r}: {why}")
+      raise FieldError("LoraConfig", field, getattr(self, field), why)
 
     if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
       bad("rank", "must be an int >= 1")
@@ -127,8 +128,9 @@ class LoraConfig:
     have = FAMILY_MODULES.get(model.family, ())
     missing = [n for n in self.modules if n not in have]
     if missing:
-      raise ValueError(f"LoraConfig.target_modules={self.target_modules!r}: model family "
-                       f"{model.family!r} has no {missing} projection(s); it has {have}")
+      raise FieldError("LoraConfig", "target_modules", self.target_modules,
+                       f"model family {model.family!r} has no {missing} projection(s); "
+                       f"it has {have}")
 
 
 @flax.struct.dataclass
@@ -184,8 +186,8 @@ def init_lora(base: Any, model: _config.ModelConfig, lora: LoraConfig,
     :class:`LoraParams` with float32 adapters.
 
   Raises:
-    ValueError: a target module ``model``'s family lacks (naming
-      ``LoraConfig.target_modules``).
+    jagent.FieldError: (a ValueError) a target module ``model``'s family
+      lacks (naming ``LoraConfig.target_modules``).
   """
   lora.check_model(model)
   shapes = adapter_shapes(model, lora.rank)

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jagent._src.errors import FieldError
 from jagent.models import _config
 from jagent.models import _lora
 from jagent.models import _transformer
@@ -60,7 +61,7 @@ class SamplingConfig:
       sampling. Ignored for plain ``Params``.
 
   Raises:
-    ValueError: from ``__post_init__``, naming the invalid field.
+    jagent.FieldError: (a ValueError) from ``__post_init__``, naming the invalid field.
   """
 
   max_new_tokens: int = 32
@@ -74,13 +75,13 @@ class SamplingConfig:
   merge_lora: bool = True
 
   def __post_init__(self):
-    def bad(field, why):
-      raise ValueError(f"SamplingConfig.{field}={getattr(self, field)!r}: {why}")
+    def bad(field, why, advice=None):
+      raise FieldError("SamplingConfig", field, getattr(self, field), why, advice)
 
     if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
       bad("max_new_tokens", "must be a positive int")
     if not (self.temperature > 0 and math.isfinite(self.temperature)):
-      bad("temperature", "must be a positive finite float (use greedy=True for argmax)")
+      bad("temperature", "must be a positive finite float", "use greedy=True for argmax")
     if not isinstance(self.top_k, int) or self.top_k < 0:
       bad("top_k", "must be an int >= 0 (0 = off)")
     if not 0 < self.top_p <= 1:

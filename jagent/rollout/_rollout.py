@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jagent._src.errors import FieldError
 from jagent.models import _config as _model_config
 from jagent.models import _sampling
 from jagent.models import _transformer
@@ -75,7 +76,7 @@ class RolloutConfig:
       copy of every adapted weight), for slower decoding.
 
   Raises:
-    ValueError: from ``__post_init__``, naming the bad field.
+    jagent.FieldError: (a ValueError) from ``__post_init__``, naming the bad field.
   """
 
   num_groups: int = 8
@@ -97,22 +98,22 @@ class RolloutConfig:
                  "max_actions_per_traj"):
       v = getattr(self, name)
       if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"RolloutConfig.{name}={v!r}: must be an int >= 1")
+        raise FieldError("RolloutConfig", name, v, "must be an int >= 1")
     if self.context_size is not None and (
         not isinstance(self.context_size, int) or self.context_size < 1):
-      raise ValueError(f"RolloutConfig.context_size={self.context_size!r}: must be a "
-                       "positive int or None")
+      raise FieldError("RolloutConfig", "context_size", self.context_size,
+                       "must be a positive int or None")
     if not isinstance(self.format_penalty, (int, float)) or not -float("inf") < (
         self.format_penalty) <= 0:
       # One sign everywhere: the (non-positive) reward added to a bad turn.
-      raise ValueError(f"RolloutConfig.format_penalty={self.format_penalty!r}: must be a "
-                       "finite float <= 0 (the reward added to a bad turn; RAGEN: -0.1)")
+      raise FieldError("RolloutConfig", "format_penalty", self.format_penalty,
+                       "must be a finite float <= 0", "the reward added to a bad turn; RAGEN: -0.1")
     k = self.history_turns
     if isinstance(k, bool) or not isinstance(k, int) or k < -1:
-      raise ValueError(f"RolloutConfig.history_turns={k!r}: must be an int >= -1 "
-                       "(-1: the full history; k >= 0: the last k turns)")
+      raise FieldError("RolloutConfig", "history_turns", k, "must be an int >= -1",
+                       "-1: the full history; k >= 0: the last k turns")
     if not isinstance(self.merge_lora, bool):
-      raise ValueError(f"RolloutConfig.merge_lora={self.merge_lora!r}: must be a bool")
+      raise FieldError("RolloutConfig", "merge_lora", self.merge_lora, "must be a bool")
     self.sampling()  # validates temperature / top_k / top_p
 
   @property

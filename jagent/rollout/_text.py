@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs_jax._src import environment as _environment
+from jagent._src.errors import FieldError
 from jagent.tokenizers import _base as _tok_base
 
 # Fields a user text may use; the first two are fixed text, the rest dynamic.
@@ -99,7 +100,7 @@ class PromptConfig:
       tokenizer's own template.
 
   Raises:
-    ValueError: from ``__post_init__``, naming an unknown template field.
+    jagent.FieldError: (a ValueError) from ``__post_init__``, naming an unknown template field.
   """
 
   system: str = "You are a helpful assistant who plays text games well."
@@ -119,11 +120,11 @@ class PromptConfig:
         if field is None:
           continue
         if field not in STATIC_FIELDS + DYNAMIC_FIELDS or spec or conv:
-          raise ValueError(
-              f"PromptConfig.{name} uses {{{field}}}; allowed fields (no format specs) "
-              f"are {STATIC_FIELDS + DYNAMIC_FIELDS}")
+          raise FieldError(
+              "PromptConfig", name, text, f"uses {{{field}}}; allowed fields (no format "
+              f"specs) are {STATIC_FIELDS + DYNAMIC_FIELDS}", show_value=False)
     if self.max_actions_per_turn < 1:
-      raise ValueError(f"PromptConfig.max_actions_per_turn={self.max_actions_per_turn!r}: "
+      raise FieldError("PromptConfig", "max_actions_per_turn", self.max_actions_per_turn,
                        "must be >= 1")
 
   @classmethod

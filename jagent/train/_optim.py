@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jagent._src.errors import FieldError
 from jagent._src.types import Array
 from jagent._src.types import PyTree
 
@@ -44,7 +45,7 @@ class OptimizerConfig:
       None for no clipping.
 
   Raises:
-    ValueError: from ``__post_init__``, naming the bad field.
+    jagent.FieldError: (a ValueError) from ``__post_init__``, naming the bad field.
   """
   learning_rate: float = 1e-6
   warmup_steps: int = 0
@@ -59,7 +60,7 @@ class OptimizerConfig:
 
   def __post_init__(self):
     def bad(field, why):
-      raise ValueError(f"OptimizerConfig.{field}={getattr(self, field)!r}: {why}")
+      raise FieldError("OptimizerConfig", field, getattr(self, field), why)
 
     if not isinstance(self.learning_rate, jax.Array) and not (
         self.learning_rate > 0 and math.isfinite(self.learning_rate)):

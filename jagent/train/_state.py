@@ -13,6 +13,7 @@ from flax import struct
 
 from jagent import models
 from jagent import transforms
+from jagent._src.errors import FieldError
 from jagent._src.types import Array
 from jagent._src.types import PyTree
 from jagent.train import _critic
@@ -63,7 +64,7 @@ class TrainConfig:
       minibatches; here they stay where they were.
 
   Raises:
-    ValueError: from ``__post_init__``, naming the bad field.
+    jagent.FieldError: (a ValueError) from ``__post_init__``, naming the bad field.
   """
   model: models.ModelConfig
   actor_optimizer: _optim.OptimizerConfig = _optim.OptimizerConfig(
@@ -79,7 +80,7 @@ class TrainConfig:
 
   def __post_init__(self):
     def bad(field, why):
-      raise ValueError(f"TrainConfig.{field}={getattr(self, field)!r}: {why}")
+      raise FieldError("TrainConfig", field, getattr(self, field), why)
 
     if not isinstance(self.model, models.ModelConfig):
       bad("model", "must be a jagent.models.ModelConfig")

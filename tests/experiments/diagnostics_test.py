@@ -10,6 +10,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from experiments import common
+from experiments import spec
 from experiments import train as train_job
 from experiments.configs import ragen
 from experiments.configs import tiny
@@ -31,11 +32,12 @@ class ValidateTest(parameterized.TestCase):
 
   def test_defaults_are_valid_and_runs_saved_before_the_block_are_off(self):
     common.validate(_config())
-    self.assertEqual(common.diagnostics_every(_config()), 25)
+    self.assertEqual(_config().diagnostics.every, 25)
     old = _config()
     del old["diagnostics"]
     common.validate(old)
-    self.assertEqual(common.diagnostics_every(old), 0)
+    old = spec.upgrade(old)  # as every program reads a saved config
+    self.assertEqual(old.diagnostics.every, 0)
     self.assertIsNone(common.collapse_alert(old, 1, {**_HEALTHY, "actor/entropy": 0.0}))
     common.validate(_config(**{"diagnostics.every": 0, "diagnostics.min_mutual_info": 0.0}))
 

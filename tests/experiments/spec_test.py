@@ -1,0 +1,147 @@
+"""experiments.spec.upgrade: configs saved by older versions read as they ran.
+
+Nothing here builds a model or compiles.
+"""
+
+from absl.testing import absltest
+import ml_collections
+
+from experiments import common
+from experiments import spec
+from experiments.configs import tiny
+
+# Each field added since the first saved configs, with the value the runs
+# saved before it ran with (written out here, not read from spec).
+_OLD_BEHAVIOUR = {
+    "mesh": "", "model_dir": "", "remat": False, "compute_dtype": "float32",
+    "attention_impl": "auto", "cache_dtype": "",
+    "lora.rank": 0, "lora.alpha": 32.0, "lora.dropout": 0.0,
+    "lora.target_modules": "all-linear", "lora.base_dtype": None,
+    "rollout.history_turns": -1, "rollout.merge_lora": True,
+    "rl.num_microbatches": 1, "rl.empty_stop_steps": 0,
+    "sft.expert": "solver", "sft.expert_max_nodes": 1_000_000, "sft.expert_reuse_plans": False,
+    "eval.held_out": False,
+    "diagnostics.every": 0, "diagnostics.num_rows": 32, "diagnostics.min_reward_std": 0.0,
+    "diagnostics.min_entropy": 0.0, "diagnostics.min_mutual_info": 0.0,
+}
+
+
+def _get(config, path):
+  node = config
+  for part in path.split("."):
+    node = node[part]
+  return node
+
+
+def _old_config():
+  """The tiny Bandit config without any field added since the first saved runs."""
+  c = tiny.get_config("Bandit-v0,starpo_s")
+  for group in ("lora", "diagnostics"):  # whole groups added later
+    del c[group]
+  for path in _OLD_BEHAVIOUR:
+    *groups, name = path.split(".")
+    node = c
+    for g in groups:
+      node = node.get(g)
+    if node is not None and name in node:
+      del node[name]
+  return c
+
+
+class UpgradeTest(absltest.TestCase):
+
+  def test_old_config_reads_as_it_ran(self):
+    old = _old_config()
+    self.assertNotIn("history_turns", old.rollout)
+    self.assertNotIn("lora", old)
+    up = spec.upgrade(old)
+    for path, want in _OLD_BEHAVIOUR.items():
+      with self.subTest(path):
+        got = _get(up, path)
+        self.assertEqual(got, want)
+        self.assertIs(type(got), type(want))
+    self.assertEqual(set(_OLD_BEHAVIOUR), set(spec.LEGACY_DEFAULTS))
+    # Not today's tiny.py values where those differ: the old runs' full
+    # history, no micro-batches, no diagnostics, plain evaluation levels.
+    now = tiny.get_config("Bandit-v0,starpo_s")
+    self.assertEqual((now.rollout.history_turns, now.rl.num_microbatches,
+                      now.diagnostics.every, now.eval.held_out), (0, 4, 25, True))
+    self.assertNotIn("history_turns", old.rollout)  # the input is left as it was
+    # What the run builds from it: the full history, one micro-batch.
+    self.assertEqual(common.rollout_config(up).history_turns, -1)
+    self.assertIsNone(common.lora_config(up))
+    common.validate(old)
+
+  def test_current_config_is_unchanged(self):
+    for arg in ("Bandit-v0,starpo_s", "Sokoban-6x6-1box-v0,grpo"):
+      with self.subTest(arg):
+        c = tiny.get_config(arg)
+        before = c.to_json_best_effort(sort_keys=True)
+        up = spec.upgrade(c)
+        self.assertIsNot(up, c)
+        self.assertEqual(up.to_json_best_effort(sort_keys=True), before)
+        self.assertEqual(c.to_json_best_effort(sort_keys=True), before)
+        self.assertEqual(spec.upgrade(up).to_json_best_effort(sort_keys=True), before)
+
+  def test_partial_group_keeps_its_values(self):
+    c = tiny.get_config("Bandit-v0,starpo_s")
+    c.lora = ml_collections.ConfigDict(dict(rank=4, alpha=8.0))  # saved before the rest
+    up = spec.upgrade(c)
+    self.assertEqual(up.lora.to_dict(), dict(rank=4, alpha=8.0, dropout=0.0,
+                                             target_modules="all-linear", base_dtype=None))
+
+  def test_a_value_where_a_group_belongs(self):
+    c = tiny.get_config("Bandit-v0,starpo_s")
+    with c.ignore_type():
+      c.lora = 0
+    with self.assertRaisesRegex(ValueError, r"^config\.lora=0: a group of fields is needed"):
+      spec.upgrade(c)
+
+
+if __name__ == "__main__":
+  absltest.main()
+
+
+class RunSpecTest(absltest.TestCase):
+
+  def test_built_once_from_the_config(self):
+    c = tiny.get_config("Sokoban-6x6-1box-v0,starpo_s")
+    c.compute_dtype = "bfloat16"
+    s = common.RunSpec.from_config(c)
+    self.assertEqual(s.config.to_json_best_effort(sort_keys=True),
+                     c.to_json_best_effort(sort_keys=True))
+    self.assertEqual(s.rollout, common.rollout_config(c))
+    self.assertEqual(s.prompt, common.prompt_config(c))
+    # The micro model (d64, 4 layers) computing in the config's dtype.
+    self.assertEqual((s.model.embed_dim, s.model.num_layers, s.model.dtype), (64, 4, "bfloat16"))
+    # StarPO-S keeps the top half of 16 groups; 8 x 8 rows in 2 minibatches of 4 chunks.
+    self.assertEqual(s.num_keep, 8)
+    self.assertEqual((s.filter.mode, s.filter.value), ("top_fraction", 0.5))
+    self.assertEqual((s.train.num_minibatches, s.train.num_microbatches), (2, 4))
+    self.assertEqual(s.train.actor_optimizer.learning_rate, 1e-4)
+    self.assertEqual(s.sft_optimizer.learning_rate, 1e-3)
+    self.assertIsNone(s.lora)
+    self.assertEqual(s.num_devices, 1)
+    # -1: one row per device in each micro-batch (one device: 32 rows a minibatch).
+    c.rl.num_microbatches = -1
+    self.assertEqual(common.RunSpec.from_config(c).train.num_microbatches, 32)
+
+  def test_the_experiment_holds_the_spec(self):
+    c = tiny.get_config("Bandit-v0,starpo_s")
+    s = common.RunSpec.from_config(c)
+    exp = common.Experiment(s)
+    self.assertIs(exp.spec, s)
+    self.assertIs(exp.config, s.config)
+    for mine, theirs in ((exp.rollout_config, s.rollout), (exp.train_config, s.train),
+                         (exp.objective, s.objective), (exp.model_config, s.model),
+                         (exp.prompt, s.prompt), (exp.filter_config, s.filter)):
+      self.assertIs(mine, theirs)
+    self.assertIs(exp.sft_train_config().actor_optimizer, s.sft_optimizer)
+
+  def test_model_dir_is_read_only_by_the_spec(self):
+    c = tiny.get_config("Bandit-v0,starpo_s")
+    c.model_dir = "/nonexistent"
+    common.validate(c)  # checks only: the nano config stands in
+    with self.assertRaisesRegex(common.ConfigError,
+                                r"^config\.model_dir='/nonexistent': no config\.json there"):
+      common.RunSpec.from_config(c)
