@@ -17,6 +17,7 @@ import numpy as np
 
 import envs_jax
 from jagent import rollout
+from jagent import train
 from jagent.rollout import _rollout
 from jagent.rollout import _tree
 from tests.jagent.rollout.rollout_test import MICRO
@@ -111,6 +112,11 @@ class TreeForkExactTest(parameterized.TestCase):
       np.testing.assert_array_equal(np.asarray(getattr(tree, f)), np.asarray(getattr(chain, f)),
                                     err_msg=f)
     self._check_books(tree, chain, config)
+    samples = train.decode_samples(tree, TOK, num=4)
+    self.assertEqual(samples[3]["tree"], 0)
+    self.assertEqual(samples[3]["tree_nodes"], np.asarray(tree.tree_node[3]).tolist())
+    self.assertEqual(samples[3]["tree_parents"], np.asarray(tree.tree_parent[3]).tolist())
+    self.assertNotIn("tree", train.decode_samples(chain, TOK, num=1)[0])
 
   def _check_books(self, tree, chain, config):
     """Nodes, parents, depths, and each turn's tokens trained once, by its owner."""
