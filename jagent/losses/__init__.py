@@ -59,8 +59,18 @@ from jagent.losses._shaping import RunningNormState
 from jagent.losses._shaping import token_to_turn_rewards
 from jagent.losses._shaping import turn_mask
 from jagent.losses._shaping import turn_to_token_rewards
+from jagent.losses._tree import NODE_REDUCES
+from jagent.losses._tree import TREE_COMBINES
+from jagent.losses._tree import tree_grpo_advantages
+from jagent.losses._tree import tree_node_values
+from jagent.losses._tree import tree_step_advantages
 
 __all__ = (
+    "NODE_REDUCES",
+    "TREE_COMBINES",
+    "tree_grpo_advantages",
+    "tree_node_values",
+    "tree_step_advantages",
     "AGGREGATION_MODES",
     "Aggregate",
     "AdvantagesAndReturns",

@@ -144,7 +144,7 @@ def _categorical_weights(key: jax.Array, probs: jax.Array, block: int = 128) -> 
   nb = blocks.shape[1]
   mass = jnp.sum(blocks, axis=-1)  # [B, nb]
   cdf = _cumsum(mass)
-  u = jax.random.uniform(key, (b, 1), jnp.float32) * cdf[:, -1:]
+  u = _row_uniforms(key, b) * cdf[:, -1:]
   blk = jnp.minimum(jnp.sum((cdf <= u).astype(jnp.int32), axis=-1), nb - 1)  # [B]
   before = jnp.take_along_axis(cdf - mass, blk[:, None], axis=-1)  # [B, 1]
   inner = jnp.take_along_axis(blocks, blk[:, None, None], axis=1)[:, 0]  # [B, bs]
@@ -153,6 +153,24 @@ def _categorical_weights(key: jax.Array, probs: jax.Array, block: int = 128) -> 
   # Rounding could point past the block's last nonzero entry: clamp onto it.
   last = jnp.max(jnp.where(inner > 0, jnp.arange(block)[None, :], 0), axis=-1)
   return (blk * block + jnp.minimum(j, last)).astype(jnp.int32)
+
+
+def _row_uniforms(key: jax.Array, b: int) -> jax.Array:
+  """float32 [B, 1] uniforms in [0, 1): from one key [], or one per row from keys [B].
+
+  With per-row keys row b's draw depends on its own key only, whatever the
+  batch holds beside it (tree rollouts fork rows and must reproduce them).
+  """
+  if jnp.ndim(key) == 0:
+    return jax.random.uniform(key, (b, 1), jnp.float32)
+  return jax.vmap(lambda k: jax.random.uniform(k, (1,), jnp.float32))(key)
+
+
+def fold_in(key: jax.Array, i) -> jax.Array:
+  """``jax.random.fold_in`` of one key [] or of each of the keys [B]."""
+  if jnp.ndim(key) == 0:
+    return jax.random.fold_in(key, i)
+  return jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, i)
 
 
 def _argmax(x: jax.Array) -> jax.Array:
@@ -179,7 +197,7 @@ def sample_logits(logits: jax.Array, key: jax.Array, sampling: SamplingConfig
 
   Args:
     logits: float [B, V].
-    key: a PRNG key.
+    key: a PRNG key [], or one per row [B] (row b then draws from its own).
     sampling: temperature / top-k / top-p / greedy settings.
 
   Returns:
@@ -336,7 +354,9 @@ def generate(
     prompt: int32 [B, P] new tokens per row, right-padded.
     prompt_lengths: int32 [B] valid prompt tokens per row (>= 1 on active rows;
       0 is allowed on inactive rows).
-    key: PRNG key (ignored by greedy decoding).
+    key: PRNG key [] (ignored by greedy decoding), or typed keys [B], one
+      per row: row b's tokens then depend only on its own key, prompt and
+      cache (tree rollouts rely on this to fork rows reproducibly).
     cache: optional KVCache from an earlier call or :func:`init_cache`
       (donated); it needs ``lengths + prompt_lengths + N <= S`` slots (writes
       past S are dropped). Default: an empty cache of ``cache_size`` slots.
@@ -375,7 +395,7 @@ def generate(
   logits, cache = _transformer.apply(
       params, prompt, positions, cache, config=c, num_tokens=prompt_lengths,
       logits_at=jnp.maximum(prompt_lengths - 1, 0))
-  tok, lp, slp = sample_logits(logits, jax.random.fold_in(key, 0), sp)
+  tok, lp, slp = sample_logits(logits, fold_in(key, 0), sp)
   tok = jnp.where(active, tok, c.pad_id)
   gen = jnp.full((b, n_max), c.pad_id, jnp.int32).at[:, 0].set(tok)
   lps = jnp.zeros((b, n_max), jnp.float32).at[:, 0].set(jnp.where(active, lp, 0.0))
@@ -400,7 +420,7 @@ def generate(
     logits, cache = _transformer.apply(
         params, tok[:, None], cache.lengths[:, None], cache, config=c,
         num_tokens=pending.astype(jnp.int32))
-    new, lp, slp = sample_logits(logits[:, 0], jax.random.fold_in(key, i + 1), sp)
+    new, lp, slp = sample_logits(logits[:, 0], fold_in(key, i + 1), sp)
     live = ~done
     col = jnp.where(live, n, n_max)  # out of range -> dropped
     gen = gen.at[rows, col].set(new, mode="drop")

@@ -26,6 +26,7 @@ from jagent.rollout._text import default_instructions
 from jagent.rollout._text import format_reward
 from jagent.rollout._text import PromptConfig
 from jagent.rollout._text import TextEnv
+from jagent.rollout._tree import TreeConfig
 from jagent.rollout._trajectory import END_REASONS
 from jagent.rollout._trajectory import Trajectory
 
@@ -41,6 +42,7 @@ __all__ = (
     "RolloutConfig",
     "TextEnv",
     "Trajectory",
+    "TreeConfig",
     "context_size",
     "default_instructions",
     "demonstrations",

@@ -28,7 +28,7 @@ layout.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +40,7 @@ from jagent.models import _sampling
 from jagent.models import _transformer
 from jagent.rollout import _parse
 from jagent.rollout import _text
+from jagent.rollout import _tree
 from jagent.rollout import _trajectory as tj
 
 
@@ -69,6 +70,9 @@ class RolloutConfig:
       ``max(0, t - k)``, then the later turns up to t exactly as in the full
       conversation; k = 0 is RAGEN's ``single_turn``. See
       :class:`Trajectory` for the row layout.
+    tree: None (independent episodes), or a :class:`TreeConfig`: each
+      group's ``group_size`` rows grow as trees forked at chosen turns
+      (``group_size`` must equal ``tree.group_size()``).
     merge_lora: with a :class:`jagent.models.LoraParams` policy, sample with
       the adapters folded into a merged copy of the weights (the default;
       :attr:`jagent.models.SamplingConfig.merge_lora`) or, False, apply them
@@ -92,6 +96,7 @@ class RolloutConfig:
   format_penalty: float = -0.1
   history_turns: int = -1
   merge_lora: bool = True
+  tree: _tree.TreeConfig | None = None
 
   def __post_init__(self):
     for name in ("num_groups", "group_size", "max_turns", "max_tokens_per_turn",
@@ -114,6 +119,8 @@ class RolloutConfig:
                        "-1: the full history; k >= 0: the last k turns")
     if not isinstance(self.merge_lora, bool):
       raise FieldError("RolloutConfig", "merge_lora", self.merge_lora, "must be a bool")
+    if self.tree is not None:
+      _tree.check_tree(self.tree, max_turns=self.max_turns, group_size=self.group_size)
     self.sampling()  # validates temperature / top_k / top_p
 
   @property
@@ -223,10 +230,45 @@ def check_context_size(text_env: _text.TextEnv, config: RolloutConfig) -> int:
   return s_max
 
 
+class Program(NamedTuple):
+  """The pieces of a rollout program (traced inside one jit; see :func:`make_rollout`).
+
+  ``carry`` is a tuple whose every leaf has the batch B as its leading axis
+  (the KV cache's keys and values: axis 1), so a fork is one gather over it;
+  ``carry[4]`` is the per-episode bookkeeping dict (``done``, ...).
+
+  Attributes:
+    start: ``(params, key, reset_keys=None, row_keys=False) -> (carry,
+      sample_key, aux)``; ``row_keys``: sampling and env keys per row [B].
+    turn: ``(params, carry, t, sample_key, aux) -> carry``, plays turn t.
+    finish: ``carry -> Trajectory``.
+    disown: ``(carry, new) -> carry``: rows ``new`` bool [B] sampled none of
+      the tokens they hold (loss mask, log-probs, turn ids and token rewards
+      cleared; with turn rows, ``row_valid`` too).
+  """
+  start: Callable[..., Any]
+  turn: Callable[..., Any]
+  finish: Callable[..., tj.Trajectory]
+  disown: Callable[..., Any]
+
+
+def _step_keys(key: jax.Array, b: int) -> tuple[jax.Array, jax.Array]:
+  """(next key, keys [B] of one environment step) from one key [] or per-row keys [B]."""
+  if jnp.ndim(key) == 0:
+    key, sub = jax.random.split(key)
+    return key, jax.random.split(sub, b)
+  pair = jax.vmap(jax.random.split)(key)
+  return pair[:, 0], pair[:, 1]
+
+
 def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfig,
                  config: RolloutConfig, env_params: Any = None
                  ) -> Callable[..., tj.Trajectory]:
   """Builds the jitted rollout of ``text_env`` for one model and config.
+
+  With ``config.tree`` set, each group's episodes grow as trees that fork
+  at chosen turns (:class:`jagent.rollout.TreeConfig`), in the same one
+  program; the Trajectory then records the tree (``tree_node``, ...).
 
   Args:
     text_env: the game, tokenizer and prompt (:class:`TextEnv`).
@@ -245,6 +287,25 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
     ValueError: the context cannot hold turn 1's prompt and one reply, the
       tokenizer and model disagree on the vocabulary, or the model's pad id is
       not a valid token.
+  """
+  program = make_program(text_env, model_config, config, env_params)
+  if config.tree is not None:
+    return jax.jit(_tree.tree_rollout(program, config))
+
+  def rollout(params, key, reset_keys=None):
+    carry, k_sample, aux = program.start(params, key, reset_keys)
+    carry = jax.lax.fori_loop(
+        0, config.max_turns, lambda t, c: program.turn(params, c, t, k_sample, aux), carry)
+    return program.finish(carry)
+
+  return jax.jit(rollout)
+
+
+def make_program(text_env: _text.TextEnv, model_config: _model_config.ModelConfig,
+                 config: RolloutConfig, env_params: Any = None) -> Program:
+  """The :class:`Program` (start, turn, finish, disown) behind :func:`make_rollout`.
+
+  Same arguments and errors as :func:`make_rollout`; nothing is compiled.
   """
   tok = text_env.tokenizer
   if tok.vocab_size > model_config.vocab_size:
@@ -274,10 +335,9 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
 
     def act(j, c):
       st, reward, term, trunc, succ, used, effective, env_key = c
-      env_key, sub = jax.random.split(env_key)
+      env_key, keys = _step_keys(env_key, b_size)
       go = active & (j < parsed.num_actions) & ~term & ~trunc & (used < budget_left)
       action = parsed.answer if free_text else jnp.maximum(parsed.actions[:, j], 0)
-      keys = jax.random.split(sub, b_size)
       _, nst, r, te, tr, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
           keys, st, action, env_params)
       st = jax.tree.map(lambda a, b_: jnp.where(
@@ -338,7 +398,7 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
     plen = jnp.where(active, prompt_len, 0)
     tokens = _scatter_rows(tokens, pos, prompt, plen)
     out = _sampling.generate(
-        params, prompt, plen, jax.random.fold_in(key, t), cache, config=model_config,
+        params, prompt, plen, _sampling.fold_in(key, t), cache, config=model_config,
         sampling=sampling, active=active,
         token_table=(jnp.asarray(table_np), jnp.asarray(table_len_np)))
     n = out.lengths
@@ -372,13 +432,19 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
                 actions=zi, num_turns=zi, eos=zb, last_reward=jnp.zeros((b_size,), jnp.float32))
     return turn_bufs, rows
 
-  def initial_states(key, reset_keys):
-    """The sampling and env keys, and the B initial states (group-major)."""
+  def initial_states(key, reset_keys, row_keys=False):
+    """The sampling and env keys, and the B initial states (group-major).
+
+    ``row_keys``: one sampling and one env key per row ([B] each, split
+    from the rollout's), so that a row's draws depend on its own keys only.
+    """
     _, k_sample, k_env = jax.random.split(key, 3)
     if reset_keys is None:
       reset_keys = group_reset_keys(key, config.num_groups)
-    row_keys = jnp.repeat(reset_keys, g_size, axis=0)
-    _, state = jax.vmap(env.reset, in_axes=(0, None))(row_keys, env_params)
+    reset_rows = jnp.repeat(reset_keys, g_size, axis=0)
+    _, state = jax.vmap(env.reset, in_axes=(0, None))(reset_rows, env_params)
+    if row_keys:
+      k_sample, k_env = jax.random.split(k_sample, b_size), jax.random.split(k_env, b_size)
     return k_sample, k_env, state
 
   def episode_fields(turn_bufs, rows):
@@ -391,8 +457,8 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
         group_ids=jnp.arange(b_size, dtype=jnp.int32) // g_size, group_size=g_size,
         **turn_bufs)
 
-  def rollout(params, key, reset_keys=None):
-    k_sample, k_env, state = initial_states(key, reset_keys)
+  def start(params, key, reset_keys=None, row_keys=False):
+    k_sample, k_env, state = initial_states(key, reset_keys, row_keys)
     cache = _transformer.init_cache(model_config, b_size, s_max)
     bufs = (jnp.full((b_size, s_max), pad_id, jnp.int32),
             jnp.zeros((b_size, s_max), bool),
@@ -415,19 +481,22 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
     wn = max(text_env.next_width, 1)
     first_last = jnp.pad(first_last, ((0, 0), (0, wn - 1)), constant_values=pad_id)
     carry = (state, cache, bufs, turn_bufs, rows, k_env)
+    return carry, k_sample, (first_last, first_len)
 
-    def body(t, carry):
-      state, _, _, _, rows, _ = carry
-      left = config.max_actions_per_traj - rows["actions"]
-      prompt, plen = jax.vmap(text_env.next_prompt)(
-          state, jnp.full((b_size,), t + 1, jnp.int32), left, rows["last_reward"], rows["eos"])
-      first_turn = t == 0
-      prompt = jnp.where(first_turn, first_last, prompt)
-      # A turn-1 rendering longer than its buffer reports as overflow (plen > wn).
-      plen = jnp.where(first_turn, jnp.where(first_len <= w1, 1, wn + 1), plen)
-      return run_turn(params, carry, t, prompt, plen, k_sample)
+  def turn(params, carry, t, k_sample, aux):
+    first_last, first_len = aux
+    w1, wn = text_env.first_width, max(text_env.next_width, 1)
+    state, _, _, _, rows, _ = carry
+    left = config.max_actions_per_traj - rows["actions"]
+    prompt, plen = jax.vmap(text_env.next_prompt)(
+        state, jnp.full((b_size,), t + 1, jnp.int32), left, rows["last_reward"], rows["eos"])
+    first_turn = t == 0
+    prompt = jnp.where(first_turn, first_last, prompt)
+    # A turn-1 rendering longer than its buffer reports as overflow (plen > wn).
+    plen = jnp.where(first_turn, jnp.where(first_len <= w1, 1, wn + 1), plen)
+    return run_turn(params, carry, t, prompt, plen, k_sample)
 
-    carry = jax.lax.fori_loop(0, t_max, body, carry)
+  def finish(carry):
     _, cache, bufs, turn_bufs, rows, _ = carry
     tokens, mask, logps, turn_ids, tok_rewards = bufs
     return tj.Trajectory(
@@ -436,8 +505,16 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
         row_valid=jnp.ones((b_size,), bool), row_episode=jnp.arange(b_size, dtype=jnp.int32),
         row_turn=jnp.zeros((b_size,), jnp.int32), **episode_fields(turn_bufs, rows))
 
+  def disown(carry, new):
+    """Rows ``new`` [B] (just forked into) sampled none of the tokens they hold."""
+    state, cache, (tokens, mask, logps, turn_ids, tok_rewards), turn_bufs, rows, key = carry
+    keep = ~new[:, None]
+    bufs = (tokens, mask & keep, jnp.where(keep, logps, 0.0), jnp.where(keep, turn_ids, -1),
+            jnp.where(keep, tok_rewards, 0.0))
+    return (state, cache, bufs, turn_bufs, rows, key)
+
   if config.history_turns < 0:
-    return jax.jit(rollout)
+    return Program(start, turn, finish, disown)
 
   # Bounded history: every turn's row is assembled on device from the token
   # segments rendered at earlier turns (openings, prompts, sampled replies),
@@ -500,7 +577,7 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
     plen = jnp.where(active, plen, 0)
     row = jnp.where(active[:, None], row, pad_id)
     out = _sampling.generate(
-        params, row[:, :p_max], plen, jax.random.fold_in(key, t),
+        params, row[:, :p_max], plen, _sampling.fold_in(key, t),
         _transformer.init_cache(model_config, b_size, s_max), config=model_config,
         sampling=sampling, active=active,
         token_table=(jnp.asarray(table_np), jnp.asarray(table_len_np)))
@@ -523,8 +600,8 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
     turn_bufs = {k: v.at[:, t].set(per_turn[k].astype(v.dtype)) for k, v in turn_bufs.items()}
     return (state, segs, outs, turn_bufs, rows, step_key)
 
-  def windowed(params, key, reset_keys=None):
-    k_sample, k_env, state = initial_states(key, reset_keys)
+  def windowed_start(params, key, reset_keys=None, row_keys=False):
+    k_sample, k_env, state = initial_states(key, reset_keys, row_keys)
     bt = (b_size, t_max)
     segs = dict(first=jnp.full(bt + (wu,), pad_id, jnp.int32), first_len=jnp.zeros(bt, jnp.int32),
                 next=jnp.full(bt + (wu,), pad_id, jnp.int32), next_len=jnp.zeros(bt, jnp.int32),
@@ -538,8 +615,9 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
                 length=jnp.zeros(bt, jnp.int32), row_valid=jnp.zeros(bt, bool))
     turn_bufs, rows = initial_books()
     carry = (state, segs, outs, turn_bufs, rows, k_env)
-    carry = jax.lax.fori_loop(
-        0, t_max, lambda t, c: windowed_turn(params, c, t, k_sample), carry)
+    return carry, k_sample, None
+
+  def windowed_finish(carry):
     _, _, outs, turn_bufs, rows, _ = carry
     r_size = b_size * t_max
     flat = {f: v.reshape((r_size,) + v.shape[2:]) for f, v in outs.items()}
@@ -547,4 +625,16 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
     return tj.Trajectory(row_episode=r // t_max, row_turn=r % t_max,
                          history_turns=k_hist, **flat, **episode_fields(turn_bufs, rows))
 
-  return jax.jit(windowed)
+  def windowed_disown(carry, new):
+    """Rows ``new`` [B] (just forked into) took none of the turn rows they hold."""
+    state, segs, outs, turn_bufs, rows, key = carry
+    keep = ~new[:, None, None]
+    outs = dict(outs, loss_mask=outs["loss_mask"] & keep,
+                logprobs=jnp.where(keep, outs["logprobs"], 0.0),
+                turn_ids=jnp.where(keep, outs["turn_ids"], -1),
+                token_rewards=jnp.where(keep, outs["token_rewards"], 0.0),
+                row_valid=outs["row_valid"] & keep[:, :, 0])
+    return (state, segs, outs, turn_bufs, rows, key)
+
+  return Program(windowed_start, lambda params, carry, t, key, aux: windowed_turn(
+      params, carry, t, key), windowed_finish, windowed_disown)

@@ -93,11 +93,25 @@ class Trajectory:
     end_reason: int32 [B] one of the constants above (``END_REASONS``).
     overflow: bool [B] ``end_reason == CONTEXT_OVERFLOW``.
     group_ids: int32 [B] ``b // G``.
+
+    tree_node: int32 [B, T] tree rollouts (``RolloutConfig.tree``): the node
+      (agent step) episode b is at in turn t, ``owner * T + t`` where
+      ``owner`` is the row that sampled that turn (rows that share a prefix
+      share its nodes); -1 on turns not taken. None without a tree.
+    tree_parent: int32 [B, T] the node of turn t - 1 (-1 at turn 0: the
+      group's initial state; -1 on turns not taken).
+    tree_depth: int32 [B, T] depth of the node, ``t + 1`` (the initial state
+      is depth 0); 0 on turns not taken.
     group_size: static int G.
     history_turns: static int, the layout (see above).
+    tree_size: static int, rows per tree (0: not a tree rollout); tree
+      ``b // tree_size`` holds row b, ``G / tree_size`` trees a group.
 
   The three ``row_*`` fields are None only on trajectories built by hand
-  without them (full layout); every rollout fills them.
+  without them (full layout); every rollout fills them. In a tree rollout a
+  row's ``loss_mask`` marks only the tokens it sampled itself (a prefix
+  copied at a fork is held, not re-sampled), and rows never forked into
+  have ``row_valid`` False.
   """
 
   tokens: jax.Array
@@ -126,8 +140,12 @@ class Trajectory:
   row_valid: jax.Array | None = None
   row_episode: jax.Array | None = None
   row_turn: jax.Array | None = None
+  tree_node: jax.Array | None = None
+  tree_parent: jax.Array | None = None
+  tree_depth: jax.Array | None = None
   group_size: int = flax.struct.field(pytree_node=False, default=1)
   history_turns: int = flax.struct.field(pytree_node=False, default=-1)
+  tree_size: int = flax.struct.field(pytree_node=False, default=0)
 
   def metrics(self) -> dict[str, jax.Array]:
     """Rollout diagnostics (float32 scalars), RAGEN's Echo Trap set included.

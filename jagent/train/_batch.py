@@ -37,6 +37,11 @@ def trajectory_batch(traj: _trajectory.Trajectory) -> transforms.Batch:
   ``turns_per_episode = T`` (see :mod:`jagent.transforms` on turn rows).
   ``group_size`` still counts episodes.
 
+  Tree rollouts (``traj.tree_size > 0``): ``tree_nodes`` is
+  ``traj.tree_node`` (``[B, T]``; with turn rows the episode's ``[T]`` on
+  each of its rows), ``tree_size`` is carried over, and ``row_valid`` is
+  ``traj.row_valid`` (False on rows never forked into).
+
   Args:
     traj: a :class:`jagent.rollout.Trajectory` of ``B`` episodes (``B`` rows,
       or ``B * T`` turn rows).
@@ -46,11 +51,13 @@ def trajectory_batch(traj: _trajectory.Trajectory) -> transforms.Batch:
   """
   if getattr(traj, "history_turns", -1) >= 0:
     return _turn_rows_batch(traj)
+  tree = getattr(traj, "tree_size", 0)
   return transforms.Batch(
       tokens=traj.tokens, loss_mask=traj.loss_mask, sampler_logprobs=traj.logprobs,
       rewards=traj.token_rewards, scores=traj.scores, terminated=traj.terminated,
       turn_ids=traj.turn_ids, anchor_hashes=traj.anchor_hashes,
-      group_size=traj.group_size)
+      group_size=traj.group_size, **(dict(
+          tree_nodes=traj.tree_node, tree_size=tree, row_valid=traj.row_valid) if tree else {}))
 
 
 def _turn_rows_batch(traj) -> transforms.Batch:
@@ -69,4 +76,5 @@ def _turn_rows_batch(traj) -> transforms.Batch:
       terminated=traj.terminated[ep], turn_ids=traj.turn_ids,
       anchor_hashes=traj.anchor_hashes[ep, traj.row_turn][:, None],
       row_valid=valid, episode_turns=turns[ep], group_size=traj.group_size,
-      turns_per_episode=t)
+      turns_per_episode=t, **(dict(tree_nodes=traj.tree_node[ep], tree_size=traj.tree_size)
+                              if getattr(traj, "tree_size", 0) else {}))

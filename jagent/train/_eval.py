@@ -105,7 +105,10 @@ def decode_samples(traj: _trajectory.Trajectory, tokenizer, num: int = 4) -> lis
     a bounded history, ``traj.history_turns >= 0``, each taken turn's row,
     its whole context and reply, under a ``=== turn t ===`` line), ``score``
     (float), ``success`` (bool), ``turns`` (int) and ``end_reason`` (a name
-    of ``END_REASONS``).
+    of ``END_REASONS``); from a tree rollout (``traj.tree_size > 0``) also
+    ``tree`` (the episode's tree, ``b // tree_size``), ``tree_nodes`` and
+    ``tree_parents`` (the node of each taken turn and its parent, -1 = the
+    initial state: episodes that share a node share that turn).
   """
   out = []
   t_max = traj.turn_rewards.shape[1]
@@ -121,6 +124,10 @@ def decode_samples(traj: _trajectory.Trajectory, tokenizer, num: int = 4) -> lis
         "text": body, "score": float(traj.scores[b]), "success": bool(traj.success[b]),
         "turns": turns, "end_reason": _trajectory.END_REASONS[int(traj.end_reason[b])],
     })
+    if traj.tree_size:
+      out[-1].update(tree=b // traj.tree_size,
+                     tree_nodes=np.asarray(traj.tree_node[b, :turns]).tolist(),
+                     tree_parents=np.asarray(traj.tree_parent[b, :turns]).tolist())
   return out
 
 

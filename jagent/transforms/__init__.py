@@ -28,6 +28,7 @@ from jagent.transforms._aliases import reinforce_pp
 from jagent.transforms._aliases import rloo
 from jagent.transforms._aliases import starpo
 from jagent.transforms._aliases import starpo_s
+from jagent.transforms._aliases import tree_grpo
 from jagent.transforms._base import chain
 from jagent.transforms._base import EmptyState
 from jagent.transforms._base import identity
@@ -69,6 +70,8 @@ from jagent.transforms._stages import normalize_rewards
 from jagent.transforms._stages import penalize_format
 from jagent.transforms._stages import truncate_importance_weights
 from jagent.transforms._stages import whiten_advantages
+from jagent.transforms._tree import compute_tree_grpo
+from jagent.transforms._tree import compute_tree_step
 
 __all__ = (
     "ADVANTAGE_ESTIMATORS",
@@ -91,6 +94,8 @@ __all__ = (
     "compute_reinforce_pp",
     "compute_reinforce_pp_baseline",
     "compute_rloo",
+    "compute_tree_grpo",
+    "compute_tree_step",
     "dapo",
     "dr_grpo",
     "entropy_term",
@@ -120,6 +125,7 @@ __all__ = (
     "starpo_s",
     "stateless",
     "trajectory_scores",
+    "tree_grpo",
     "truncate_importance_weights",
     "value_term",
     "whiten_advantages",

@@ -22,6 +22,7 @@ from jagent import losses
 from jagent.losses import _filters
 from jagent.transforms import _loss
 from jagent.transforms import _stages
+from jagent.transforms import _tree
 from jagent.transforms._base import chain
 from jagent.transforms._base import Objective
 from jagent.transforms._base import objective
@@ -38,13 +39,16 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Transform]] = {
     "reinforce_pp": _stages.compute_reinforce_pp,
     "reinforce_pp_baseline": _stages.compute_reinforce_pp_baseline,
     "gigpo": _stages.compute_gigpo,
+    "tree_grpo": _tree.compute_tree_grpo,
+    "tree_step": _tree.compute_tree_step,
 }
 """Advantage stage factories by config name."""
 
 CRITIC_ESTIMATORS = ("gae", "bilevel_gae")
 """Estimators that need a critic (``Batch.values``, a value loss)."""
 
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "gigpo")
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "gigpo", "tree_grpo",
+                    "tree_step")
 """Estimators whose baseline is the rollout's group (``ObjectiveNeeds.groups``)."""
 
 
@@ -374,6 +378,59 @@ def gigpo(*, step_gamma: float = 0.95, step_weight: float = 1.0,
       kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
       aggregation=aggregation,
       turn_weighting=turn_weighting, groups=True)
+
+
+@register("tree_grpo")
+def tree_grpo(*, advantage: str = "tree_grpo", eps: float = 1e-6, combine: str = "sum",
+              node_reduce: str = "mean", eps_low: float = 0.2, eps_high: float = 0.2,
+              dual_clip: float | None = 3.0, kl_coef: float = 0.001,
+              kl_estimator: str = "k3", entropy_coef: float = 0.001,
+              aggregation: str = "token-mean",
+              turn_weighting: str = "episode") -> Objective:
+  """Tree-GRPO: tree-rollout advantages per node + clipped surrogate + KL loss.
+
+  Needs a tree rollout's batch (``tree_nodes``, ``tree_size``; see
+  :func:`jagent.train.trajectory_batch`). For StarPO-S clipping and its
+  filter use ``starpo_s(advantage="tree_grpo")`` or
+  ``starpo_s(advantage="tree_step")``.
+
+  Args:
+    advantage: ``"tree_grpo"`` (intra- plus inter-tree group advantages,
+      :func:`jagent.transforms.compute_tree_grpo`) or ``"tree_step"`` (the
+      exact step baseline, :func:`jagent.transforms.compute_tree_step`).
+    eps: std floor (``tree_grpo``).
+    combine: ``"sum"`` (the paper) or ``"nested"`` (the released code).
+    node_reduce: ``"mean"`` or ``"sum"`` of a shared node's leaves.
+    eps_low: lower clip range.
+    eps_high: upper clip range.
+    dual_clip: dual-clip constant or None.
+    kl_coef: KL loss coefficient (GRPO's 0.001).
+    kl_estimator: KL estimator (k3).
+    entropy_coef: entropy bonus.
+    aggregation: loss aggregation.
+    turn_weighting: how turn rows weigh; see :func:`jagent.transforms.make_loss`.
+
+  Returns:
+    an :class:`Objective`.
+
+  Raises:
+    ValueError: an unknown ``advantage`` or bad hyperparameters.
+
+  References:
+    Ji et al., "Tree Search for LLM Agent Reinforcement Learning"
+    (https://arxiv.org/abs/2509.21240).
+  """
+  if advantage == "tree_grpo":
+    stage = _tree.compute_tree_grpo(eps, combine, node_reduce)
+  elif advantage == "tree_step":
+    stage = _tree.compute_tree_step()
+  else:
+    raise ValueError(f"tree_grpo: advantage={advantage!r} must be 'tree_grpo' or "
+                     "'tree_step'.")
+  return _objective(
+      chain(stage), eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
+      kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
+      aggregation=aggregation, turn_weighting=turn_weighting, groups=True)
 
 
 def _advantage_stage(advantage, advantage_kwargs):

@@ -32,7 +32,7 @@ from jagent._src.types import Array
 TOKEN_FIELDS = ("tokens", "loss_mask", "sampler_logprobs", "old_logprobs",
                 "ref_logprobs", "values", "rewards", "turn_ids", "advantages",
                 "returns", "is_weights")
-TURN_FIELDS = ("anchor_hashes", "format_valid")
+TURN_FIELDS = ("anchor_hashes", "format_valid", "tree_nodes")
 ROW_FIELDS = ("scores", "terminated", "bootstrap_values", "keep", "row_valid",
               "episode_turns")
 NONFINITE_KEY = "rollout/nonfinite_episodes"
@@ -73,6 +73,10 @@ class Batch:
       (GiGPO).
     format_valid: bool ``[B, T]`` per-turn format validity (format penalty);
       turns past the end of a trajectory are ignored.
+    tree_nodes: int32 ``[B, T]`` tree rollouts: the node (shared agent step)
+      the row's episode is at in turn t, -1 where no turn was taken
+      (``jagent.rollout.Trajectory.tree_node``; with turn rows, the
+      episode's nodes on each of its rows). Tree stages read it.
     advantages: float32 ``[B, S]`` (added by an advantage stage).
     returns: float32 ``[B, S]`` value targets (added by GAE stages).
     is_weights: float32 ``[B, S]`` truncated importance weights (TIS stage).
@@ -91,6 +95,8 @@ class Batch:
     group_size: static int ``G`` (rollouts per initial state), dividing ``B``.
     turns_per_episode: static int ``T`` rows per episode (turn rows, see the
       module docstring); 1: one row per episode.
+    tree_size: static int, episodes per tree of a tree rollout (dividing
+      ``group_size``; 0: not a tree rollout).
   """
   tokens: Array | None = None
   loss_mask: Array | None = None
@@ -105,6 +111,7 @@ class Batch:
   turn_ids: Array | None = None
   anchor_hashes: Array | None = None
   format_valid: Array | None = None
+  tree_nodes: Array | None = None
   advantages: Array | None = None
   returns: Array | None = None
   is_weights: Array | None = None
@@ -114,6 +121,7 @@ class Batch:
   metrics: dict[str, Array] = struct.field(default_factory=dict)
   group_size: int = struct.field(pytree_node=False, default=1)
   turns_per_episode: int = struct.field(pytree_node=False, default=1)
+  tree_size: int = struct.field(pytree_node=False, default=0)
 
   def select_rows(self, start: int, stop: int) -> "Batch":
     """Rows ``[start, stop)`` of every array field (a micro-batch).

@@ -103,9 +103,10 @@ class ValidateTest(parameterized.TestCase):
 
   def test_group_relative_objectives_reject_groups_of_one(self):
     # Hand list: a baseline taken from the group (GRPO, Dr.GRPO, RLOO, DAPO,
-    # GiGPO; StarPO(-S) with the tiny config's advantage="grpo") makes every
+    # GiGPO, Tree-GRPO; StarPO(-S) with the tiny config's advantage="grpo") makes every
     # advantage 0 with one rollout a group; GAE and REINFORCE++ have their own.
-    group_relative = {"grpo", "dr_grpo", "rloo", "dapo", "gigpo", "starpo", "starpo_s"}
+    group_relative = {"grpo", "dr_grpo", "rloo", "dapo", "gigpo", "starpo", "starpo_s",
+                      "tree_grpo"}
     for algorithm in transforms.registered():
       c = tiny.get_config(f"Bandit-v0,{algorithm}")
       c.rollout.group_size = 1
@@ -194,7 +195,7 @@ class AlgorithmKwargsTest(parameterized.TestCase):
       common.validate(c)
     with self.assertRaisesRegex(
         common.ConfigError, r"^config\.algorithm_kwargs\.advantage_kwargs\.lamda=0\.9: not a "
-        r"hyperparameter of any named advantage; known: \['eps', 'gamma', "):
+        r"hyperparameter of any named advantage; known: \['combine', 'eps', 'gamma', "):
       common.algorithm_kwargs("starpo_s", advantage_kwargs={"lamda": 0.9})
     c = _config()
     c.algorithm_kwargs.advantage_kwargs = {"eps": -1.0}

@@ -231,7 +231,7 @@ class AliasTest(parameterized.TestCase):
   def test_registry(self):
     self.assertEqual(transforms.registered(), tuple(sorted(
         ["ppo", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gigpo",
-         "starpo", "starpo_s"])))
+         "starpo", "starpo_s", "tree_grpo"])))
     with self.assertRaisesRegex(ValueError, "unknown objective"):
       transforms.make("a2c")
     with self.assertRaisesRegex(ValueError, "already registered"):

@@ -10,7 +10,7 @@ class ApiTest(absltest.TestCase):
   def test_advantage_names(self):
     self.assertEqual(set(transforms.ADVANTAGE_ESTIMATORS), {
         "gae", "bilevel_gae", "grpo", "dr_grpo", "rloo", "reinforce_pp",
-        "reinforce_pp_baseline", "gigpo"})
+        "reinforce_pp_baseline", "gigpo", "tree_grpo", "tree_step"})
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ def _full_batch():
       old_logprobs=-np.abs(_F(4, 6)), ref_logprobs=-np.abs(_F(4, 6)),
       turn_ids=_IDS, anchor_hashes=np.array([[1, 2], [1, 3], [5, 6], [5, 0]], np.int32),
       terminated=np.array([True, True, True, False]), bootstrap_values=_F(4),
+      tree_nodes=np.array([[0, 1], [2, 3], [4, 5], [6, 7]], np.int32), tree_size=1,
       group_size=2)
 
 
