@@ -18,9 +18,9 @@ import functools
 
 import numpy as np
 
-from envs_jax._src import rubiks_cube
+from envs_jax._src import rubiks_cube_rules
 
-_MOVES = rubiks_cube.MOVES  # int32 [12, 24] gather indices
+_MOVES = rubiks_cube_rules.MOVES  # int32 [12, 24] gather indices
 
 
 def _expand(states: np.ndarray) -> np.ndarray:
@@ -36,7 +36,8 @@ def _solved_colourings() -> np.ndarray:
   turned together); their closure from the solved cube has 24 elements.
   """
   rotations = [_MOVES[0][_MOVES[3]], _MOVES[4][_MOVES[7]], _MOVES[8][_MOVES[11]]]
-  seen = {rubiks_cube.SOLVED.astype(np.uint8).tobytes(): rubiks_cube.SOLVED.astype(np.uint8)}
+  solved = rubiks_cube_rules.SOLVED.astype(np.uint8)
+  seen = {solved.tobytes(): solved}
   frontier = list(seen.values())
   while frontier:
     nxt = []
