@@ -30,6 +30,7 @@ _SURFACES["jagent"] = [
     "PRNGKey",
     "PyTree",
     "SHAPE_LETTERS",
+    "check_int",
     "losses",
     "models",
     "rollout",
@@ -426,7 +427,8 @@ class PublicApiTest(parameterized.TestCase):
       getattr(jagent, "no_such_name")
 
   def test_import_jagent_loads_no_subpackage(self):
-    self.assertEqual(_loaded_after("import jagent"), ["jagent._src", "jagent._src.types"])
+    self.assertEqual(_loaded_after("import jagent"),
+                     ["jagent._src", "jagent._src.checks", "jagent._src.types"])
 
   def test_import_losses_loads_neither_models_nor_tokenizers(self):
     loaded = _loaded_after("import jagent.losses")

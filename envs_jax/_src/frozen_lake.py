@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from envs_jax._src import checks
 from envs_jax._src import environment
 from envs_jax._src import frozen_lake_solver
 from envs_jax._src import registration
@@ -170,18 +171,14 @@ class FrozenLake(environment.Environment[FrozenLakeState, FrozenLakeParams]):
     Raises:
       ValueError: naming the bad argument.
     """
-    if not isinstance(size, int) or isinstance(size, bool) or size < 2:
-      raise ValueError(f"FrozenLake: size must be an int >= 2, got {size!r}")
+    size = checks.check_int("FrozenLake", "size", size, 2)
     if not 0.0 <= float(success_rate) <= 1.0:
       raise ValueError(
           f"FrozenLake: success_rate must be in [0, 1], got {success_rate!r}")
     if not 0.0 < float(frozen_prob) <= 1.0:
       raise ValueError(
           f"FrozenLake: frozen_prob must be in (0, 1], got {frozen_prob!r}")
-    if (not isinstance(num_candidates, int) or isinstance(num_candidates, bool)
-        or num_candidates < 1):
-      raise ValueError("FrozenLake: num_candidates must be an int >= 1, got "
-                       f"{num_candidates!r}")
+    num_candidates = checks.check_int("FrozenLake", "num_candidates", num_candidates, 1)
     self.size = size
     self.num_candidates = num_candidates
     self._success_rate = float(success_rate)

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from envs_jax._src import checks
 from envs_jax._src import environment
 from envs_jax._src import registration
 from envs_jax._src import rubiks_cube_solver
@@ -159,9 +160,7 @@ class RubiksCube(environment.Environment[RubiksCubeState, RubiksCubeParams]):
     for name, value, low, high in (("max_scramble_depth", max_scramble_depth, 1, 10_000),
                                    ("max_steps", max_steps, 1, 999),
                                    ("scramble_depth", scramble_depth, 0, max_scramble_depth)):
-      if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ValueError(f"RubiksCube: {name} must be an int in [{low}, {high}], "
-                         f"got {value!r}")
+      checks.check_int("RubiksCube", name, value, low, high)
     self.max_steps = max_steps
     self.max_scramble_depth = max_scramble_depth
     self._scramble_depth = scramble_depth

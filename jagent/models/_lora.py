@@ -52,6 +52,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from jagent._src import checks
 from jagent.models import _axes as ax
 from jagent.models import _config
 
@@ -87,8 +88,7 @@ class LoraConfig:
     def bad(field, why):
       raise ValueError(f"LoraConfig.{field}={getattr(self, field)!r}: {why}")
 
-    if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
-      bad("rank", "must be an int >= 1")
+    checks.check_int("LoraConfig.rank", self.rank, 1)
     if isinstance(self.alpha, bool) or not (
         isinstance(self.alpha, (int, float)) and self.alpha > 0 and math.isfinite(self.alpha)):
       bad("alpha", "must be a positive finite float")

@@ -13,6 +13,7 @@ from flax import struct
 
 from jagent import models
 from jagent import transforms
+from jagent._src import checks
 from jagent._src.types import Array
 from jagent._src.types import PyTree
 from jagent.train import _critic
@@ -91,9 +92,7 @@ class TrainConfig:
     if self.old_logprobs not in OLD_LOGPROBS:
       bad("old_logprobs", f"must be one of {OLD_LOGPROBS}")
     for f in ("ppo_epochs", "num_minibatches", "num_microbatches"):
-      v = getattr(self, f)
-      if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        bad(f, "must be an int >= 1")
+      checks.check_int(f"TrainConfig.{f}", getattr(self, f), 1)
 
   def replace(self, **changes) -> "TrainConfig":
     """A copy with ``changes`` applied (validated again)."""
