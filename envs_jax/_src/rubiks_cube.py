@@ -142,6 +142,10 @@ class RubiksCube(environment.Environment[RubiksCubeState, RubiksCubeParams]):
   """
 
   action_names = ACTION_NAMES
+  # The face order of the stickers and the defaults (module constants, for users of the class).
+  FACES = FACES
+  SCRAMBLE_DEPTH = SCRAMBLE_DEPTH
+  MAX_STEPS = MAX_STEPS
   symbols = (environment.PAD_SYMBOL,) + _PIECES
 
   def __init__(self, scramble_depth: int = SCRAMBLE_DEPTH, max_steps: int = MAX_STEPS,

@@ -656,6 +656,10 @@ class Sokoban(environment.Environment[SokobanState, SokobanParams]):
   """
 
   action_names = ACTION_NAMES
+  # Codes of ``SokobanState.fixed`` (the module's constants, for users of the class).
+  WALL = WALL
+  EMPTY = EMPTY
+  TARGET = TARGET
 
   def __init__(
       self,

@@ -57,11 +57,14 @@ class TrainConfig:
       ``shuffle: false`` default). Minibatches and micro-batches take rows
       strided, not contiguous: with ``M`` minibatches, minibatch ``m`` holds
       rows ``m, m + M, m + 2M, ...`` (so rows sharded in blocks over devices
-      stay spread over all of them). Rows dropped by a rollout filter are
-      masked, not removed: they still cost compute, and a minibatch with no
-      trained token is skipped (no optimizer step, counted as empty). RAGEN
-      removes filtered rows instead, so its kept rows fill fewer, full
-      minibatches; here they stay where they were.
+      stay spread over all of them). Rows a rollout filter drops:
+      :func:`jagent.train.rl_iteration` removes the groups that a
+      fixed-count filter (``top_fraction`` / ``top_k``) drops before the
+      update (``compact_groups``), so the kept rows fill fewer, full
+      minibatches, as in RAGEN. A data-dependent filter (``top_p`` /
+      ``min_p``), or an objective's filter stage in a step called directly,
+      masks them instead: they still cost compute, and a minibatch with no
+      trained token is skipped (no optimizer step, counted as empty).
 
   Raises:
     ValueError: from ``__post_init__``, naming the bad field.
