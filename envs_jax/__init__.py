@@ -10,6 +10,9 @@ Please don't use symbols in ``envs_jax._src``: they may change without notice.
 from envs_jax._src.bandit import Bandit
 from envs_jax._src.bandit import BanditParams
 from envs_jax._src.bandit import BanditState
+from envs_jax._src.coord_grids import CoordFrozenLake
+from envs_jax._src.coord_grids import CoordFrozenLakeState
+from envs_jax._src.coord_grids import CoordSokoban
 from envs_jax._src.boxoban_data import load_levels as load_boxoban_levels
 from envs_jax._src.boxoban_data import SUBSETS as BOXOBAN_SUBSETS
 from envs_jax._src.countdown import Countdown
@@ -32,10 +35,18 @@ from envs_jax._src.frozen_lake import FrozenLake
 from envs_jax._src.frozen_lake import FrozenLakeParams
 from envs_jax._src.frozen_lake import FrozenLakeState
 from envs_jax._src.frozen_lake_solver import solve_frozen_lake
+from envs_jax._src.game_2048 import Game2048
+from envs_jax._src.game_2048 import Game2048Params
+from envs_jax._src.game_2048 import Game2048State
 from envs_jax._src.registration import agent_defaults
 from envs_jax._src.registration import make
 from envs_jax._src.registration import register
 from envs_jax._src.registration import registered
+from envs_jax._src.registration import unregister
+from envs_jax._src.rubiks_cube import RubiksCube
+from envs_jax._src.rubiks_cube import RubiksCubeParams
+from envs_jax._src.rubiks_cube import RubiksCubeState
+from envs_jax._src.rubiks_cube_solver import solve_rubiks_cube
 from envs_jax._src.sokoban import GenerationInfo as SokobanGenerationInfo
 from envs_jax._src.sokoban import GeneratorConfig as SokobanGeneratorConfig
 from envs_jax._src.sokoban import levels_from_ascii as sokoban_levels_from_ascii
@@ -68,10 +79,16 @@ __all__ = (
     "Countdown",
     "CountdownParams",
     "CountdownState",
+    "CoordFrozenLake",
+    "CoordFrozenLakeState",
+    "CoordSokoban",
     "Environment",
     "FrozenLake",
     "FrozenLakeParams",
     "FrozenLakeState",
+    "Game2048",
+    "Game2048Params",
+    "Game2048State",
     "PAD_SYMBOL",
     "TimeLimit",
     "TimeLimitState",
@@ -89,6 +106,11 @@ __all__ = (
     "number_symbols",
     "register",
     "registered",
+    "unregister",
+    "RubiksCube",
+    "RubiksCubeParams",
+    "RubiksCubeState",
+    "solve_rubiks_cube",
     "solve_countdown",
     "solve_frozen_lake",
     "tree_select",

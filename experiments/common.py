@@ -110,8 +110,7 @@ def wilson_interval(rate: float, n: int) -> tuple[float, float]:
   Raises:
     ValueError: ``n < 1`` or ``rate`` outside ``[0, 1]``.
   """
-  if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-    raise ValueError(f"wilson_interval: n={n!r} must be an int >= 1.")
+  jagent.check_int("wilson_interval: n", n, 1)
   if not 0.0 <= rate <= 1.0:
     raise ValueError(f"wilson_interval: rate={rate!r} must be in [0, 1].")
   z2 = _Z95 ** 2
@@ -719,8 +718,7 @@ def collapse_alert(config, step: int, metrics: dict,
 
 def _require_int(field: str, value: Any, minimum: int, why: str) -> None:
   """Raises ``_bad(field, value, why)`` unless ``value`` is an int (not a bool) >= ``minimum``."""
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise _bad(field, value, why)
+  jagent.check_int(f"config.{field}", value, minimum, why=why, error=ConfigError)
 
 
 def _validate_diagnostics(config) -> None:
@@ -852,9 +850,7 @@ class RunSpec:
     # config.sft.expert is make_expert's policy.
     if config.sft.expert not in rollout.EXPERT_POLICIES:
       raise _bad("sft.expert", config.sft.expert, f"unknown; known: {rollout.EXPERT_POLICIES}")
-    max_nodes = config.sft.expert_max_nodes
-    if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
-      raise _bad("sft.expert_max_nodes", max_nodes, "must be an int >= 1")
+    _require_int("sft.expert_max_nodes", config.sft.expert_max_nodes, 1, "must be an int >= 1")
     sft = sft_optimizer(config) if config.sft.steps else None
     # SFT rows are episodes in the full history, turns in a bounded window (at
     # most max_turns an episode; sft_batch_indices checks the turns taken).
@@ -879,8 +875,7 @@ class RunSpec:
     _require_int("rl.empty_stop_steps", config.rl.empty_stop_steps, 0,
                  "must be an int >= 0 (stop after that many consecutive steps that trained "
                  "nothing; 0: never)")
-    if not isinstance(config.eval.num_levels, int) or config.eval.num_levels < 1:
-      raise _bad("eval.num_levels", config.eval.num_levels, "must be an int >= 1")
+    _require_int("eval.num_levels", config.eval.num_levels, 1, "must be an int >= 1")
     if config.eval.num_levels % config.eval.num_groups:
       raise _bad("eval.num_levels", config.eval.num_levels,
                  f"must be a multiple of eval.num_groups={config.eval.num_groups}")

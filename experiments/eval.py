@@ -69,6 +69,7 @@ import envs_jax
 from experiments import cli
 from experiments import common
 from experiments import spec
+import jagent
 from jagent import rollout
 from jagent import sharding
 from jagent import train
@@ -241,9 +242,8 @@ def evaluate_run(workdir: str, *, env: str | None = None, num_levels: int | None
   config = load_config(workdir)
   for name, v in (("num_levels", num_levels), ("group_size", group_size),
                   ("samples", samples)):
-    if v is not None and (isinstance(v, bool) or not isinstance(v, int)
-                          or v < (0 if name == "samples" else 1)):
-      raise common.ConfigError(f"--{name}={v!r} must be an int >= {0 if name == 'samples' else 1}")
+    if v is not None:
+      jagent.check_int(f"--{name}", v, 0 if name == "samples" else 1, error=common.ConfigError)
   if temperature is not None and not (temperature > 0 and math.isfinite(temperature)):
     raise common.ConfigError(f"--temperature={temperature!r} must be a positive finite float")
   train_env = config.env

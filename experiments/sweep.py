@@ -75,6 +75,7 @@ import numpy as np
 from experiments import cli
 from experiments import common
 from experiments import spec
+import jagent
 from jagent import models
 from jagent import train
 from jagent import transforms
@@ -159,8 +160,7 @@ def run_configs(config, seeds: int = 1, sweep: str | None = None) -> tuple[str |
       a bad config (:func:`experiments.common.validate`, naming the field),
       all before anything compiles.
   """
-  if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-    raise common.ConfigError(f"--seeds={seeds!r}: must be an int >= 1")
+  jagent.check_int("--seeds", seeds, 1, error=common.ConfigError)
   config = spec.upgrade(config)
   if config.mesh:
     raise common.ConfigError(f"config.mesh={config.mesh!r}: a sweep runs its runs as one program on "
@@ -373,9 +373,9 @@ def chunk_steps(config, steps: int | None = None) -> int:
   Raises:
     ConfigError: ``steps`` not None and not an int >= 0.
   """
-  if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
-    raise common.ConfigError(f"--chunk_steps={steps!r}: must be an int >= 0 (0: eval.every, "
-                             "else a tenth of rl.steps)")
+  if steps is not None:
+    jagent.check_int("--chunk_steps", steps, 0, error=common.ConfigError,
+                     why="must be an int >= 0 (0: eval.every, else a tenth of rl.steps)")
   if steps:
     return steps
   return config.eval.every or max(1, math.ceil(config.rl.steps / 10))

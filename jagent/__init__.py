@@ -21,6 +21,7 @@ Please don't use symbols in ``jagent._src``: they may change without notice.
 import importlib
 import typing
 
+from jagent._src.checks import check_int
 from jagent._src.errors import FieldError
 from jagent._src.types import Array
 from jagent._src.types import ArrayLike
@@ -56,6 +57,7 @@ __all__ = (
     "PRNGKey",
     "PyTree",
     "SHAPE_LETTERS",
+    "check_int",
 ) + _SUBPACKAGES
 
 

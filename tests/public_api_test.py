@@ -31,6 +31,7 @@ _SURFACES["jagent"] = [
     "PRNGKey",
     "PyTree",
     "SHAPE_LETTERS",
+    "check_int",
     "losses",
     "models",
     "rollout",
@@ -320,6 +321,9 @@ _SURFACES["envs_jax"] = [
     "Bandit",
     "BanditParams",
     "BanditState",
+    "CoordFrozenLake",
+    "CoordFrozenLakeState",
+    "CoordSokoban",
     "Countdown",
     "CountdownParams",
     "CountdownState",
@@ -327,8 +331,14 @@ _SURFACES["envs_jax"] = [
     "FrozenLake",
     "FrozenLakeParams",
     "FrozenLakeState",
+    "Game2048",
+    "Game2048Params",
+    "Game2048State",
     "PAD_SYMBOL",
     "PlanCache",
+    "RubiksCube",
+    "RubiksCubeParams",
+    "RubiksCubeState",
     "Sokoban",
     "SokobanGenerationInfo",
     "SokobanGeneratorConfig",
@@ -357,10 +367,12 @@ _SURFACES["envs_jax"] = [
     "sokoban_levels_from_ascii",
     "solve_countdown",
     "solve_frozen_lake",
+    "solve_rubiks_cube",
     "solve_sokoban",
     "solve_sokoban_batch",
     "solve_sudoku",
     "tree_select",
+    "unregister",
 ]
 
 # The environment ids registered by ``import envs_jax``: a contract too.
@@ -437,7 +449,8 @@ class PublicApiTest(parameterized.TestCase):
 
   def test_import_jagent_loads_no_subpackage(self):
     self.assertEqual(_loaded_after("import jagent"),
-                     ["jagent._src", "jagent._src.errors", "jagent._src.types"])
+                     ["jagent._src", "jagent._src.checks", "jagent._src.errors",
+                      "jagent._src.types"])
 
   def test_import_losses_loads_neither_models_nor_tokenizers(self):
     loaded = _loaded_after("import jagent.losses")

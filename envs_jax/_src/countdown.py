@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from envs_jax._src import checks
 from envs_jax._src import countdown_reference
 from envs_jax._src import environment
 from envs_jax._src import registration
@@ -748,13 +749,9 @@ class Countdown(environment.Environment[CountdownState, CountdownParams]):
   def __init__(self, plus_minus_only: bool = True, max_answer_bytes: int = 128):
     if not isinstance(plus_minus_only, (bool, np.bool_)):
       raise ValueError(f"plus_minus_only must be a bool, got {plus_minus_only!r}")
-    if (isinstance(max_answer_bytes, bool)
-        or not isinstance(max_answer_bytes, (int, np.integer))
-        or not 1 <= max_answer_bytes <= 4096):
-      raise ValueError(
-          f"max_answer_bytes must be an int in [1, 4096], got {max_answer_bytes!r}")
     self.plus_minus_only = bool(plus_minus_only)
-    self.max_answer_bytes = int(max_answer_bytes)
+    self.max_answer_bytes = checks.check_int("Countdown", "max_answer_bytes",
+                                             max_answer_bytes, 1, 4096)
 
   @property
   def default_params(self) -> CountdownParams:

@@ -20,18 +20,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from envs_jax._src import checks
 from envs_jax._src import environment
+from envs_jax._src import frozen_lake_solver
 from envs_jax._src import registration
 from envs_jax._src import wrappers
-
-# Tile codes of ``FrozenLakeState.tiles``.
-FROZEN = 0
-HOLE = 1
-GOAL = 2
-
-# Actions, gymnasium's order (RAGEN numbers them 1..4 in the same order).
-LEFT, DOWN, RIGHT, UP = 0, 1, 2, 3
-_DELTAS = ((0, -1), (1, 0), (0, 1), (-1, 0))  # (d_row, d_col) per action
+# Tile codes and moves (their home is the rules module, which the solver shares).
+from envs_jax._src.frozen_lake_rules import DELTAS
+from envs_jax._src.frozen_lake_rules import FROZEN
+from envs_jax._src.frozen_lake_rules import GOAL
+from envs_jax._src.frozen_lake_rules import HOLE
 
 # Observation codes (RAGEN's grid lookup), and the symbol of each (id = code+1).
 _OBS_TEXT = ("P", "_", "O", "G", "X", "√")
@@ -173,18 +171,14 @@ class FrozenLake(environment.Environment[FrozenLakeState, FrozenLakeParams]):
     Raises:
       ValueError: naming the bad argument.
     """
-    if not isinstance(size, int) or isinstance(size, bool) or size < 2:
-      raise ValueError(f"FrozenLake: size must be an int >= 2, got {size!r}")
+    size = checks.check_int("FrozenLake", "size", size, 2)
     if not 0.0 <= float(success_rate) <= 1.0:
       raise ValueError(
           f"FrozenLake: success_rate must be in [0, 1], got {success_rate!r}")
     if not 0.0 < float(frozen_prob) <= 1.0:
       raise ValueError(
           f"FrozenLake: frozen_prob must be in (0, 1], got {frozen_prob!r}")
-    if (not isinstance(num_candidates, int) or isinstance(num_candidates, bool)
-        or num_candidates < 1):
-      raise ValueError("FrozenLake: num_candidates must be an int >= 1, got "
-                       f"{num_candidates!r}")
+    num_candidates = checks.check_int("FrozenLake", "num_candidates", num_candidates, 1)
     self.size = size
     self.num_candidates = num_candidates
     self._success_rate = float(success_rate)
@@ -242,8 +236,6 @@ class FrozenLake(environment.Environment[FrozenLakeState, FrozenLakeParams]):
       ValueError: an unknown ``frozen_lake_policy``.
     """
     del options
-    # The solver module imports this one.
-    from envs_jax._src import frozen_lake_solver  # pylint: disable=g-import-not-at-top
     if frozen_lake_policy not in ("shortest", "max_success"):
       raise ValueError(f"FrozenLake: frozen_lake_policy={frozen_lake_policy!r}; use "
                        "'shortest' or 'max_success'")
@@ -320,7 +312,7 @@ class FrozenLake(environment.Environment[FrozenLakeState, FrozenLakeParams]):
     executed = jnp.where(
         u < params.success_rate, a,
         jnp.where(u < side, (a + 3) % 4, (a + 1) % 4)).astype(jnp.int32)
-    delta = jnp.asarray(_DELTAS, jnp.int32)[executed]
+    delta = jnp.asarray(DELTAS, jnp.int32)[executed]
     tile_before = state.tiles[state.player[0], state.player[1]]
     was_terminal = tile_before != FROZEN
     moved = jnp.clip(state.player + delta, 0, self.size - 1)

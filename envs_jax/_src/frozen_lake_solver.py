@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from envs_jax._src import frozen_lake
+from envs_jax._src import frozen_lake_rules as rules
 
 
 def solve_frozen_lake(tiles: Any, player: Any) -> tuple[int, ...] | None:
@@ -49,27 +49,27 @@ def solve_frozen_lake(tiles: Any, player: Any) -> tuple[int, ...] | None:
   start = (int(pos[0]), int(pos[1]))
   if not (0 <= start[0] < rows and 0 <= start[1] < cols):
     raise ValueError(f"solve_frozen_lake: player {start} is outside a {grid.shape} grid")
-  known = (frozen_lake.FROZEN, frozen_lake.HOLE, frozen_lake.GOAL)
+  known = (rules.FROZEN, rules.HOLE, rules.GOAL)
   if not np.isin(grid, known).all():
     raise ValueError(
         f"solve_frozen_lake: unknown tile codes {sorted(set(np.unique(grid)) - set(known))}")
 
-  if grid[start] == frozen_lake.GOAL:
+  if grid[start] == rules.GOAL:
     return ()
-  if grid[start] == frozen_lake.HOLE:
+  if grid[start] == rules.HOLE:
     return None
   parent: dict[tuple[int, int], tuple[tuple[int, int], int] | None] = {start: None}
   queue = collections.deque([start])
   while queue:
     r, c = queue.popleft()
-    for action, (dr, dc) in enumerate(frozen_lake._DELTAS):  # pylint: disable=protected-access
+    for action, (dr, dc) in enumerate(rules.DELTAS):
       nxt = (r + dr, c + dc)
       if not (0 <= nxt[0] < rows and 0 <= nxt[1] < cols) or nxt in parent:
         continue
-      if grid[nxt] == frozen_lake.HOLE:
+      if grid[nxt] == rules.HOLE:
         continue
       parent[nxt] = ((r, c), action)
-      if grid[nxt] == frozen_lake.GOAL:
+      if grid[nxt] == rules.GOAL:
         path = []
         node = nxt
         while parent[node] is not None:
@@ -109,15 +109,15 @@ def reach_model(tiles_bytes: bytes, n: int, success_rate: float, gamma: float
     for c in range(n):
       s = r * n + c
       for a in range(4):
-        if tiles[r, c] != frozen_lake.FROZEN:  # absorbing
+        if tiles[r, c] != rules.FROZEN:  # absorbing
           p[s, a, s] = 1.0
           continue
         for move, prob in ((a, success_rate), ((a + 3) % 4, slip), ((a + 1) % 4, slip)):
-          dr, dc = frozen_lake._DELTAS[move]  # pylint: disable=protected-access
+          dr, dc = rules.DELTAS[move]
           rr, cc = min(max(r + dr, 0), n - 1), min(max(c + dc, 0), n - 1)
           p[s, a, rr * n + cc] += prob
-  goal = (tiles.reshape(-1) == frozen_lake.GOAL).astype(np.float64)
-  stop = tiles.reshape(-1) != frozen_lake.FROZEN
+  goal = (tiles.reshape(-1) == rules.GOAL).astype(np.float64)
+  stop = tiles.reshape(-1) != rules.FROZEN
   v = goal
   for _ in range(1000):
     v_new = np.where(stop, goal, gamma * (p @ v).max(axis=1))

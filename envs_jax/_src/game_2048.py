@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from envs_jax._src import checks
 from envs_jax._src import environment
 from envs_jax._src import registration
 from envs_jax._src import wrappers
@@ -269,8 +270,7 @@ class Game2048(environment.Environment[Game2048State, Game2048Params]):
     Raises:
       ValueError: naming the bad argument.
     """
-    if not isinstance(size, int) or isinstance(size, bool) or not 2 <= size <= 9:
-      raise ValueError(f"Game2048: size must be an int in [2, 9], got {size!r}")
+    size = checks.check_int("Game2048", "size", size, 2, 9)
     if not 0.0 <= float(two_prob) <= 1.0:
       raise ValueError(f"Game2048: two_prob must be in [0, 1], got {two_prob!r}")
     self.size = size

@@ -1,4 +1,4 @@
-"""Name -> environment registry: ``make``, ``register``, ``registered``, ``agent_defaults``.
+"""Name -> environment registry: ``make``, ``register``, ``unregister``, ``registered``, ``agent_defaults``.
 
 IDs follow ``Name-vN`` and are part of the public contract: a registered name
 is never overwritten or silently redefined.
@@ -27,6 +27,20 @@ def register(env_id: str, factory: Callable[..., environment.Environment]) -> No
   if env_id in _REGISTRY:
     raise ValueError(f"environment id {env_id!r} is already registered")
   _REGISTRY[env_id] = factory
+
+
+def unregister(env_id: str) -> None:
+  """Removes ``env_id`` from the registry, so that it can be registered again.
+
+  For code that registers an env of its own for a while (a test's toy env, a
+  notebook's experiment); the shipped ids stay registered for the life of
+  the process unless removed this way.
+
+  Raises:
+    ValueError: naming ``env_id`` and listing the registered ids when unknown.
+  """
+  _check_id(env_id)
+  del _REGISTRY[env_id]
 
 
 def registered() -> tuple[str, ...]:

@@ -14,9 +14,9 @@ top and Left on the left, the four side faces with Up at the top (L with
 Back on its left, F with Left, R with Front, B with Right). A solved face
 ``f`` has colour ``f``: W(hite), O(range), G(reen), R(ed), B(lue), Y(ellow).
 
-Moves are derived here from the geometry (a quarter turn rotates the
-stickers of one layer by 90 degrees about the face's axis, clockwise as seen
-looking at that face), so every move keeps each corner's three stickers
+Moves are derived from the geometry in ``rubiks_cube_rules`` (a quarter turn
+rotates the stickers of one layer by 90 degrees about the face's axis,
+clockwise as seen looking at that face), so every move keeps each corner's three stickers
 together. RAGEN's U, D, L, R, F are these exact permutations; its B is not a
 cube move (``_move_B`` carries the Down strip to the Right face and the Left
 strip to the Down face with their two stickers swapped, splitting corners),
@@ -30,62 +30,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from envs_jax._src import checks
 from envs_jax._src import environment
 from envs_jax._src import registration
+from envs_jax._src import rubiks_cube_solver
+# Faces, colours, actions and moves (their home is the rules module, which the solver shares).
+from envs_jax._src.rubiks_cube_rules import ACTION_NAMES
+from envs_jax._src.rubiks_cube_rules import COLORS
+from envs_jax._src.rubiks_cube_rules import FACES
+from envs_jax._src.rubiks_cube_rules import MOVES
+from envs_jax._src.rubiks_cube_rules import SOLVED
 
-# Faces in RAGEN's sticker order, and the colour letter of each (solved) face.
-FACES = ("Up", "Left", "Front", "Right", "Back", "Down")
-COLORS = ("W", "O", "G", "R", "B", "Y")
-# Actions 0..11 (RAGEN numbers them 1..12 in this order); X' = X inverse.
-ACTION_NAMES = ("U", "U'", "D", "D'", "L", "L'", "R", "R'", "F", "F'", "B", "B'")
 SCRAMBLE_DEPTH = 5  # RAGEN's RubiksCube2x2Config.scramble_depth
 MAX_STEPS = 20  # RAGEN's max_steps (and envs.yaml max_actions_per_traj)
-
-# (outward normal, row direction top->bottom, column direction left->right)
-# of each face in FACES order, in x = Right, y = Up, z = Front coordinates.
-_AXES = np.eye(3, dtype=np.int64)
-_X, _Y, _Z = _AXES
-_FACE_FRAMES = ((_Y, _Z, _X), (-_X, -_Y, _Z), (_Z, -_Y, _X),
-                (_X, -_Y, -_Z), (-_Z, -_Y, -_X), (-_Y, -_Z, _X))
-
-
-def _sticker_geometry() -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-  """(cubie position in {-1, 1}^3, outward normal) of each of the 24 stickers."""
-  out = []
-  for normal, down, right in _FACE_FRAMES:
-    for row in (-1, 1):
-      for col in (-1, 1):
-        out.append((tuple(normal + row * down + col * right), tuple(normal)))
-  return out
-
-
-def _quarter_turn(face: int) -> np.ndarray:
-  """Gather indices of a clockwise quarter turn of ``face``: new = old[src]."""
-  geometry = _sticker_geometry()
-  index = {g: i for i, g in enumerate(geometry)}
-  n = _FACE_FRAMES[face][0]
-  # Clockwise seen from outside = -90 degrees about n: v -> n (n.v) - n x v.
-  rot = lambda v: tuple(n * (n @ v) - np.cross(n, v))
-  src = np.arange(24)
-  for i, (pos, normal) in enumerate(geometry):
-    pos, normal = np.asarray(pos), np.asarray(normal)
-    if pos @ n > 0:  # the stickers of the turning layer
-      src[index[(rot(pos), rot(normal))]] = i
-  return src
-
-
-def _moves() -> np.ndarray:
-  """int32 [12, 24] gather indices of the 12 actions (ACTION_NAMES order)."""
-  out = []
-  for name in ACTION_NAMES[::2]:
-    cw = _quarter_turn(FACES.index({"U": "Up", "D": "Down", "L": "Left", "R": "Right",
-                                    "F": "Front", "B": "Back"}[name]))
-    out += [cw, cw[cw[cw]]]  # X, then X' = X applied three times
-  return np.stack(out).astype(np.int32)
-
-
-MOVES = _moves()  # int32 [12, 24]: after action a, stickers = stickers[MOVES[a]]
-SOLVED = np.repeat(np.arange(6, dtype=np.int8), 4)  # int8 [24]
 
 
 def is_solved(stickers: jax.Array) -> jax.Array:
@@ -185,6 +142,10 @@ class RubiksCube(environment.Environment[RubiksCubeState, RubiksCubeParams]):
   """
 
   action_names = ACTION_NAMES
+  # The face order of the stickers and the defaults (module constants, for users of the class).
+  FACES = FACES
+  SCRAMBLE_DEPTH = SCRAMBLE_DEPTH
+  MAX_STEPS = MAX_STEPS
   symbols = (environment.PAD_SYMBOL,) + _PIECES
 
   def __init__(self, scramble_depth: int = SCRAMBLE_DEPTH, max_steps: int = MAX_STEPS,
@@ -203,9 +164,7 @@ class RubiksCube(environment.Environment[RubiksCubeState, RubiksCubeParams]):
     for name, value, low, high in (("max_scramble_depth", max_scramble_depth, 1, 10_000),
                                    ("max_steps", max_steps, 1, 999),
                                    ("scramble_depth", scramble_depth, 0, max_scramble_depth)):
-      if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ValueError(f"RubiksCube: {name} must be an int in [{low}, {high}], "
-                         f"got {value!r}")
+      checks.check_int("RubiksCube", name, value, low, high)
     self.max_steps = max_steps
     self.max_scramble_depth = max_scramble_depth
     self._scramble_depth = scramble_depth
@@ -247,8 +206,6 @@ class RubiksCube(environment.Environment[RubiksCubeState, RubiksCubeParams]):
       Action names joined by ``" || "``, one text per state.
     """
     del params, options
-    # The solver module imports this one.
-    from envs_jax._src import rubiks_cube_solver  # pylint: disable=g-import-not-at-top
     out = []
     for s in states:
       path = rubiks_cube_solver.solve_rubiks_cube(np.asarray(s.stickers),

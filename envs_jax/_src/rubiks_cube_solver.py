@@ -18,9 +18,10 @@ import functools
 
 import numpy as np
 
-from envs_jax._src import rubiks_cube
+from envs_jax._src import checks
+from envs_jax._src import rubiks_cube_rules
 
-_MOVES = rubiks_cube.MOVES  # int32 [12, 24] gather indices
+_MOVES = rubiks_cube_rules.MOVES  # int32 [12, 24] gather indices
 
 
 def _expand(states: np.ndarray) -> np.ndarray:
@@ -36,7 +37,8 @@ def _solved_colourings() -> np.ndarray:
   turned together); their closure from the solved cube has 24 elements.
   """
   rotations = [_MOVES[0][_MOVES[3]], _MOVES[4][_MOVES[7]], _MOVES[8][_MOVES[11]]]
-  seen = {rubiks_cube.SOLVED.astype(np.uint8).tobytes(): rubiks_cube.SOLVED.astype(np.uint8)}
+  solved = rubiks_cube_rules.SOLVED.astype(np.uint8)
+  seen = {solved.tobytes(): solved}
   frontier = list(seen.values())
   while frontier:
     nxt = []
@@ -97,9 +99,7 @@ def solve_rubiks_cube(stickers, max_depth: int = 10) -> tuple[int, ...] | None:
     ValueError: a ``max_depth`` outside [0, 14], or ``stickers`` that are not
       24 colours 0..5 with four stickers of each.
   """
-  if not isinstance(max_depth, int) or isinstance(max_depth, bool) or not 0 <= max_depth <= 14:
-    raise ValueError(f"solve_rubiks_cube: max_depth must be an int in [0, 14], got "
-                     f"{max_depth!r}")
+  max_depth = checks.check_int("solve_rubiks_cube", "max_depth", max_depth, 0, 14)
   s = np.asarray(stickers).reshape(-1)
   if s.shape != (24,) or not np.array_equal(np.bincount(s.astype(np.int64), minlength=6),
                                             np.full(6, 4)):

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from envs_jax._src import checks
 from envs_jax._src import environment
 from envs_jax._src import registration
 from envs_jax._src import sokoban_solver
@@ -141,12 +142,6 @@ class GenerationInfo:
   displacement: jax.Array  # shape=(), dtype=int32
 
 
-def _check_int(name: str, value: Any, low: int) -> int:
-  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-    raise ValueError(f"Sokoban: {name} must be an int >= {low}, got {value!r}")
-  return int(value)
-
-
 @dataclasses.dataclass(frozen=True)
 class GeneratorConfig:
   """Static configuration of the procedural level generator.
@@ -194,20 +189,20 @@ class GeneratorConfig:
   player_max_moves: int = 3
 
   def __post_init__(self):
-    _check_int("height", self.height, 5)
-    _check_int("width", self.width, 5)
-    _check_int("num_boxes", self.num_boxes, 1)
+    checks.check_int("Sokoban", "height", self.height, 5)
+    checks.check_int("Sokoban", "width", self.width, 5)
+    checks.check_int("Sokoban", "num_boxes", self.num_boxes, 1)
     if self.num_boxes > self.width - 2:
       raise ValueError(
           f"Sokoban: num_boxes={self.num_boxes} must be <= width - 2 = "
           f"{self.width - 2}")
     if self.topology_steps is not None:
-      _check_int("topology_steps", self.topology_steps, 1)
-    _check_int("reverse_steps", self.reverse_steps, 1)
-    _check_int("num_candidates", self.num_candidates, 1)
-    _check_int("num_attempts", self.num_attempts, 1)
-    _check_int("max_rounds", self.max_rounds, 1)
-    _check_int("player_max_moves", self.player_max_moves, 0)
+      checks.check_int("Sokoban", "topology_steps", self.topology_steps, 1)
+    checks.check_int("Sokoban", "reverse_steps", self.reverse_steps, 1)
+    checks.check_int("Sokoban", "num_candidates", self.num_candidates, 1)
+    checks.check_int("Sokoban", "num_attempts", self.num_attempts, 1)
+    checks.check_int("Sokoban", "max_rounds", self.max_rounds, 1)
+    checks.check_int("Sokoban", "player_max_moves", self.player_max_moves, 0)
     probs = (self.p_change_direction, self.player_continue_prob, self.pull_bias,
              *self.player_move_prob)
     if len(self.player_move_prob) != 2 or not all(0.0 <= float(p) <= 1.0 for p in probs):
@@ -661,6 +656,10 @@ class Sokoban(environment.Environment[SokobanState, SokobanParams]):
   """
 
   action_names = ACTION_NAMES
+  # Codes of ``SokobanState.fixed`` (the module's constants, for users of the class).
+  WALL = WALL
+  EMPTY = EMPTY
+  TARGET = TARGET
 
   def __init__(
       self,

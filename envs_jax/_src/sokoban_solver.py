@@ -20,6 +20,8 @@ import math
 
 import numpy as np
 
+from envs_jax._src import checks
+
 WALL = 0
 TARGET = 2
 _DELTAS = ((-1, 0), (1, 0), (0, -1), (0, 1))  # Up, Down, Left, Right
@@ -136,10 +138,9 @@ def solve_sokoban_batch(
     raise ValueError(
         "solve_sokoban_batch: need fixed [N, H, W], boxes [N, H, W], player "
         f"[N, 2]; got {fixed.shape}, {boxes.shape}, {player.shape}")
-  if not isinstance(max_nodes, int) or max_nodes < 1:
-    raise ValueError(f"solve_sokoban_batch: max_nodes must be an int >= 1, got {max_nodes!r}")
-  if max_depth is not None and (not isinstance(max_depth, int) or max_depth < 0):
-    raise ValueError(f"solve_sokoban_batch: max_depth must be an int >= 0, got {max_depth!r}")
+  max_nodes = checks.check_int("solve_sokoban_batch", "max_nodes", max_nodes, 1)
+  if max_depth is not None:
+    max_depth = checks.check_int("solve_sokoban_batch", "max_depth", max_depth, 0)
   n, h, w = fixed.shape
   if n == 0:
     return []
@@ -365,9 +366,7 @@ class PlanCache:
   """
 
   def __init__(self, max_states: int = 1_000_000):
-    if isinstance(max_states, bool) or not isinstance(max_states, int) or max_states < 1:
-      raise ValueError(f"PlanCache: max_states must be an int >= 1, got {max_states!r}")
-    self.max_states = max_states
+    self.max_states = checks.check_int("PlanCache", "max_states", max_states, 1)
     self._plans: dict[bytes, tuple[int, ...]] = {}
     self._failed: dict[tuple[bytes, int], SokobanSolution] = {}
 

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from envs_jax._src import checks
 from envs_jax._src import environment
 from envs_jax._src import registration
 from envs_jax._src import sudoku_generator
@@ -226,8 +227,7 @@ class Sudoku(environment.Environment[SudokuState, SudokuParams]):
     for name, value, low, high in (("size", size, 4, 9), ("num_empty", num_empty, 0, size ** 2),
                                    ("max_answer_bytes", max_answer_bytes, 16, 4096),
                                    ("max_actions", max_actions, 1, 10_000)):
-      if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ValueError(f"Sudoku: {name} must be an int in [{low}, {high}], got {value!r}")
+      checks.check_int("Sudoku", name, value, low, high)
     if size not in (4, 9):
       raise ValueError(f"Sudoku: size must be 4 or 9, got {size!r}")
     self.size = n = size

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from envs_jax._src import checks
 from envs_jax._src import environment
 
 
@@ -116,9 +117,7 @@ class TimeLimit(Wrapper):
 
   def __init__(self, env: environment.Environment, max_steps: int):
     super().__init__(env)
-    if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps <= 0:
-      raise ValueError(f"TimeLimit: max_steps must be a positive int, got {max_steps!r}")
-    self.max_steps = max_steps
+    self.max_steps = checks.check_int("TimeLimit", "max_steps", max_steps, 1)
 
   def reset_env(self, key, params):
     obs, state = self.env.reset_env(key, params)

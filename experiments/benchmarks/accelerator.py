@@ -84,6 +84,7 @@ from experiments.benchmarks import roofline
 from experiments.benchmarks import timing
 from experiments.configs import ragen
 from experiments.configs import tiny
+import jagent
 from jagent import models
 
 SECTIONS = ("versions", "ragen_rl", "smoke_train", "generate", "parity", "mfu")
@@ -170,9 +171,7 @@ def check_sizes(sizes: Sizes) -> None:
       if v not in names:
         raise ValueError(f"--{f.name}={v!r}: must be one of {names}")
       continue
-    low = 0 if f.name in _ZERO_KEEPS else 1
-    if not isinstance(v, int) or isinstance(v, bool) or v < low:
-      raise ValueError(f"--{f.name}={v!r}: must be an int >= {low}")
+    jagent.check_int(f"--{f.name}", v, 0 if f.name in _ZERO_KEEPS else 1)
   cfg = models.get_config(sizes.model)
   for flag, n in (("gen_prompt + gen_new", sizes.gen_prompt + sizes.gen_new),
                   ("parity_seq", sizes.parity_seq), ("mfu_seq", sizes.mfu_seq)):

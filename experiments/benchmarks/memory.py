@@ -88,6 +88,7 @@ from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from experiments import common  # pylint: disable=g-import-not-at-top,wrong-import-position
+import jagent  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jagent import models  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jagent import rollout  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jagent import sharding  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -273,10 +274,8 @@ def compare_lora(config, meshes: str, model_names, rank: int, sweep_runs: int = 
   if unknown or not model_names:
     raise ValueError(f"--compare_models={','.join(model_names)}: each must be one of "
                      f"{models.config_names()}")
-  if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-    raise ValueError(f"--lora_rank={rank!r}: must be an int >= 1")
-  if isinstance(sweep_runs, bool) or not isinstance(sweep_runs, int) or sweep_runs < 1:
-    raise ValueError(f"--sweep_runs={sweep_runs!r}: must be an int >= 1")
+  jagent.check_int("--lora_rank", rank, 1)
+  jagent.check_int("--sweep_runs", sweep_runs, 1)
 
   def sweep_state(full, lora):
     return dict(full=sweep_runs * full["total"],

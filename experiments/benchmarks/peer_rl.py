@@ -137,8 +137,10 @@ from absl import flags
 import jax
 import numpy as np
 
+from experiments.benchmarks import rss
 from experiments.benchmarks import timing
 from experiments.configs import tiny
+import jagent
 from jagent import models
 from jagent import rollout
 
@@ -314,7 +316,7 @@ def run_jagent(config, warmup: int, iterations: int) -> tuple[dict[str, Any], An
     iters[s]["update_s"] = iters[s]["seconds"] - iters[s]["rollout_s"]
   out = _summary(iters, warmup)
   out.update(setup_s=setup_s, rollout_compile_s=rollout_compile_s,
-             peak_rss_mb=timing.peak_rss_mb(), iterations=iters,
+             peak_rss_mb=rss.peak_rss_mb(), iterations=iters,
              jax_version=jax.__version__)
   return out, (exp, params0)
 
@@ -571,8 +573,7 @@ def trl_account(res: dict[str, Any]) -> list[str]:
 
 def _check_ints(**values) -> None:
   for name, (v, low) in values.items():
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
-      raise ValueError(f"--{name}={v!r}: must be an int >= {low}")
+    jagent.check_int(f"--{name}", v, low)
 
 
 def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: int,

@@ -2,9 +2,10 @@ r"""The TRL side of ``experiments.benchmarks.peer_rl`` (runs in the TRL virtuale
 
     <trl venv>/bin/python -m experiments.benchmarks.peer_rl_trl SPEC.json RESULT.json
 
-Not imported by jagent, and it imports nothing of jagent's (the TRL
-virtualenv has PyTorch, not JAX): ``python -m experiments.benchmarks.peer_rl
---setup`` creates it with pinned ``torch`` (CPU), ``trl`` and
+Not imported by jagent, and it imports nothing of jagent's; of this
+repository only ``experiments.benchmarks.rss``, which needs the standard
+library alone (the TRL virtualenv has PyTorch, not JAX):
+``python -m experiments.benchmarks.peer_rl --setup`` creates it with pinned ``torch`` (CPU), ``trl`` and
 ``transformers`` (``peer_rl.TRL_REQUIREMENTS``). The spec, written by
 ``peer_rl``, holds:
 
@@ -52,10 +53,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import resource
 import sys
 import time
 from typing import Any
+
+from experiments.benchmarks import rss  # standard library only
 
 
 def parse_reward(reply: str, rewards: dict[str, float], rules: dict[str, Any]) -> float:
@@ -82,22 +84,6 @@ def parse_reward(reply: str, rewards: dict[str, float], rules: dict[str, Any]) -
   for name in actions[:rules["max_actions_per_traj"]]:
     total += float(rewards[name])
   return total
-
-
-def peak_rss_mb() -> float:
-  """This process's own peak RSS in MiB: ``VmHWM`` of /proc/self/status.
-
-  Not ``getrusage``'s ``ru_maxrss``: Linux carries the parent's peak into
-  a child across fork + exec, so it would report jagent's peak at spawn.
-  """
-  try:
-    with open("/proc/self/status") as f:
-      for line in f:
-        if line.startswith("VmHWM:"):
-          return int(line.split()[1]) / 1024.0
-  except OSError:
-    pass
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -195,7 +181,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
       trl_version=trl.__version__, transformers_version=transformers.__version__,
       torch_version=torch.__version__, torch_threads=torch.get_num_threads(),
       setup_s=setup_s, iterations=iters,
-      peak_rss_mb=peak_rss_mb())
+      peak_rss_mb=rss.peak_rss_mb())
 
 
 def main(argv: list[str]) -> None:

@@ -56,7 +56,6 @@ import dataclasses
 import itertools
 import json
 import os
-import resource
 import sys
 import threading
 import time
@@ -78,6 +77,7 @@ from tunix.rl.rollout import base_rollout
 import envs_jax
 from jagent import rollout as jrollout
 from jagent import tokenizers
+from experiments.benchmarks import rss
 
 
 class Tokenizer:
@@ -346,23 +346,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
       setup_s=setup_s, iterations=iters, longest_prompt=longest[0],
       max_prompt_length=spec["max_prompt_length"],
       levels=[[counters.levels.get((k, j)) for j in range(n)] for k in range(steps)],
-      peak_rss_mb=peak_rss_mb())
-
-
-def peak_rss_mb() -> float:
-  """This process's own peak RSS in MiB: ``VmHWM`` of /proc/self/status.
-
-  Not ``getrusage``'s ``ru_maxrss``: Linux carries the parent's peak into
-  a child across fork + exec, so it would report jagent's peak at spawn.
-  """
-  try:
-    with open("/proc/self/status") as f:
-      for line in f:
-        if line.startswith("VmHWM:"):
-          return int(line.split()[1]) / 1024.0
-  except OSError:
-    pass
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+      peak_rss_mb=rss.peak_rss_mb())
 
 
 def _version(dist: str) -> str:

@@ -15,8 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs_jax._src import rubiks_cube
-from envs_jax._src import sokoban
+import envs_jax
 
 try:
   import jumanji  # pylint: disable=g-import-not-at-top
@@ -56,7 +55,7 @@ ACTION_TO_JUMANJI = np.asarray([0, 2, 3, 1], np.int32)  # Up, Down, Left, Right
 OBS_TO_JUMANJI = np.asarray([1, 0, 2, 6, 4, 3, 5], np.uint8)
 
 
-def jumanji_state(level: sokoban.SokobanState, key: jax.Array):
+def jumanji_state(level: envs_jax.SokobanState, key: jax.Array):
   """Jumanji ``State`` of one of our levels (jittable, vmappable).
 
   Args:
@@ -67,8 +66,8 @@ def jumanji_state(level: sokoban.SokobanState, key: jax.Array):
   Returns:
     ``jumanji.environments.routing.sokoban.types.State`` with step_count 0.
   """
-  fixed = jnp.where(level.fixed == sokoban.WALL, jconst.WALL,
-                    jnp.where(level.fixed == sokoban.TARGET, jconst.TARGET,
+  fixed = jnp.where(level.fixed == envs_jax.Sokoban.WALL, jconst.WALL,
+                    jnp.where(level.fixed == envs_jax.Sokoban.TARGET, jconst.TARGET,
                               jconst.EMPTY)).astype(jnp.uint8)
   variable = jnp.where(level.boxes, jconst.BOX, jconst.EMPTY).astype(jnp.uint8)
   variable = variable.at[level.player[0], level.player[1]].set(jconst.AGENT)
@@ -95,7 +94,8 @@ def make_jumanji_boxoban(subset: str = "unfiltered-test", time_limit: int = 120)
   """
   if jumanji is None:
     raise ImportError("make_jumanji_boxoban needs jumanji (pip install jumanji)")
-  table = jax.tree.map(jnp.asarray, sokoban.boxoban_levels(subset))
+  table = jax.tree.map(jnp.asarray, envs_jax.sokoban_levels_from_ascii(
+      envs_jax.load_boxoban_levels(subset)))
 
   class _LevelTable(jgen.Generator):
     """Jumanji generator over a fixed table of our levels."""
@@ -120,7 +120,7 @@ CUBE_FACE_TO_JUMANJI = np.asarray([0, 4, 1, 2, 3, 5], np.int32)
 # cube_size 2 (face * 3 + amount; amount 0 clockwise, 1 anticlockwise, both
 # seen looking at the face, as ours).
 CUBE_ACTION_TO_JUMANJI = np.asarray(
-    [3 * CUBE_FACE_TO_JUMANJI[rubiks_cube.FACES.index(face)] + amount
+    [3 * CUBE_FACE_TO_JUMANJI[envs_jax.RubiksCube.FACES.index(face)] + amount
      for face in ("Up", "Down", "Left", "Right", "Front", "Back") for amount in (0, 1)],
     np.int32)
 
@@ -142,8 +142,8 @@ def make_jumanji_game_2048():
   return j2048_lib.Game2048(board_size=4)
 
 
-def make_jumanji_rubiks_cube(scramble_depth: int = rubiks_cube.SCRAMBLE_DEPTH,
-                             time_limit: int = rubiks_cube.MAX_STEPS):
+def make_jumanji_rubiks_cube(scramble_depth: int = envs_jax.RubiksCube.SCRAMBLE_DEPTH,
+                             time_limit: int = envs_jax.RubiksCube.MAX_STEPS):
   """Jumanji's ``RubiksCube`` with ``cube_size=2`` and our scramble depth and limit.
 
   Raises:

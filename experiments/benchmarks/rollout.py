@@ -71,7 +71,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import envs_jax
+from experiments.benchmarks import rss
 from experiments.benchmarks import timing
+import jagent
 from jagent import models
 from jagent import rollout
 from jagent import tokenizers
@@ -156,7 +158,7 @@ def warm_up(name: str, fn: Callable[[], Any], extra_seconds: float = 0.0) -> dic
     row["env_turns"] = int(np.sum(np.asarray(out.num_turns)))
     row["tokens"] = int(np.sum(np.asarray(out.loss_mask)))
     row["mean_reply"] = row["tokens"] / max(row["env_turns"], 1)
-  row["peak_rss_mb"] = timing.peak_rss_mb()
+  row["peak_rss_mb"] = rss.peak_rss_mb()
   return row
 
 
@@ -249,8 +251,7 @@ def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: in
   if any(k < 0 for k in history_turns):
     raise ValueError(f"--history_turns={history_turns!r}: must be ints >= 0 (-1, the full "
                      "history, is always the first row)")
-  if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-    raise ValueError(f"--repeats={repeats!r}: must be an int >= 1")
+  jagent.check_int("--repeats", repeats, 1)
   if model not in models.config_names():
     raise ValueError(f"--model={model!r}: known configs are {models.config_names()}")
   config = rollout.RolloutConfig(num_groups=num_groups, group_size=group_size,

@@ -68,6 +68,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 from experiments import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 from experiments.benchmarks import roofline  # pylint: disable=g-import-not-at-top
 from experiments.benchmarks import timing  # pylint: disable=g-import-not-at-top
+import jagent  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jagent import models  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jagent import sharding  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jagent import train  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -103,13 +104,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> flags.FlagValue
 
 
 def _check_int(name: str, v: Any, low: int = 1) -> int:
-  try:
-    n = int(v)
-  except (TypeError, ValueError):
-    raise ValueError(f"--{name}={v!r}: must be an int >= {low}") from None
-  if n < low:
-    raise ValueError(f"--{name}={v!r}: must be an int >= {low}")
-  return n
+  """``--name``'s value (an int, or a list flag's string entry) as an int >= ``low``."""
+  if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+    v = int(v)
+  return jagent.check_int(f"--{name}", v, low)
 
 
 def parse_devices(values, available: int) -> list[int]:

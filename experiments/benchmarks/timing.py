@@ -1,9 +1,7 @@
-"""Shared timing and memory functions for the benchmarks under experiments/benchmarks/."""
+"""Shared timing helpers for the benchmarks under experiments/benchmarks/ (memory: ``rss``)."""
 
 from __future__ import annotations
 
-import resource
-import sys
 import time
 from typing import Any, Callable, Mapping
 
@@ -68,9 +66,3 @@ def interleaved_seconds(
       sync(fn())
       secs[name].append(time.perf_counter() - t0)
   return secs
-
-
-def peak_rss_mb() -> float:
-  """Peak resident set size of this process so far, in MiB (Linux: KiB units)."""
-  kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  return kib / (1024.0 * 1024.0) if sys.platform == "darwin" else kib / 1024.0

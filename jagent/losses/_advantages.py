@@ -25,6 +25,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jagent._src import checks
 from jagent._src.types import Array
 from jagent._src.types import ArrayLike
 from jagent.losses import _aggregation
@@ -621,7 +622,7 @@ def as_groups(name: str, x_b: ArrayLike, group_size: int) -> Array:
   Raises:
     ValueError: if ``group_size`` is not a positive int dividing ``B``.
   """
-  g = _checks.check_static_int("group_size", group_size, 1)
+  g = checks.check_int("group_size", group_size, 1)
   x = jnp.asarray(x_b)
   if x.ndim < 1 or x.shape[0] % g:
     raise ValueError(f"group_size {g} must divide the leading axis of {name} "

@@ -47,6 +47,7 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
+from jagent._src import checks
 from jagent._src.types import Array
 from jagent._src.types import ArrayLike
 from jagent.losses import _checks
@@ -194,7 +195,7 @@ def seq_mean_token_sum_norm(
   """
   lm, _ = _prep(loss_bt, mask_bt)
   b, t = lm.shape
-  length = t if horizon is None else _checks.check_static_int(
+  length = t if horizon is None else checks.check_int(
       "horizon", horizon, 1)
   return Aggregate(jnp.sum(lm), jnp.asarray(float(b * length), jnp.float32))
 
@@ -217,7 +218,7 @@ def _row_weighted(loss_bt, mask_bt, mode, horizon, row_weights):
   elif mode == SEQ_MEAN_TOKEN_SUM:
     total, den = row_sum, has
   else:
-    length = m.shape[1] if horizon is None else _checks.check_static_int(
+    length = m.shape[1] if horizon is None else checks.check_int(
         "horizon", horizon, 1)
     total, den = row_sum, jnp.full_like(n, float(length))
   return Aggregate(jnp.sum(w * total), jnp.sum(w * den))

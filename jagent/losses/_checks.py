@@ -72,15 +72,6 @@ def check_in_range(name: str, x, lo: float, hi: float,
     raise ValueError(f"{name} must lie in {lb}{lo}, {hi}{hb}; got {x}.")
 
 
-def check_static_int(name: str, x, minimum: int) -> int:
-  """Returns ``x`` as int; raises ValueError unless it is an int >= minimum."""
-  if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-    raise ValueError(f"{name} must be a Python int; got {x!r}.")
-  if int(x) < minimum:
-    raise ValueError(f"{name} must be >= {minimum}; got {x}.")
-  return int(x)
-
-
 def f32(x) -> jax.Array:
   """Casts to float32 (bool masks become 0/1)."""
   return jnp.asarray(x, jnp.float32)

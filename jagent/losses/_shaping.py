@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
+from jagent._src import checks
 from jagent._src.types import Array
 from jagent._src.types import ArrayLike
 from jagent.losses import _advantages
@@ -70,7 +71,7 @@ def turn_mask(mask_s: ArrayLike, turn_ids_s: ArrayLike, num_turns: int) -> Array
     ValueError: on rank/shape/dtype mismatch or ``num_turns < 1``.
   """
   _check_tokens(mask_s, turn_ids_s)
-  t = _checks.check_static_int("num_turns", num_turns, 1)
+  t = checks.check_int("num_turns", num_turns, 1)
   onehot = (jnp.asarray(turn_ids_s)[:, None] == jnp.arange(t)[None, :])
   return jnp.any(onehot & (jnp.asarray(mask_s)[:, None] > 0), axis=0)
 
@@ -93,7 +94,7 @@ def token_to_turn_rewards(rewards_s: ArrayLike, mask_s: ArrayLike,
   """
   _check_tokens(mask_s, turn_ids_s)
   _checks.check_same_shape(("mask_s", "rewards_s"), (mask_s, rewards_s))
-  t = _checks.check_static_int("num_turns", num_turns, 1)
+  t = checks.check_int("num_turns", num_turns, 1)
   onehot = (jnp.asarray(turn_ids_s)[:, None] == jnp.arange(t)[None, :])
   rm = _checks.f32(rewards_s) * _checks.f32(mask_s)
   return jnp.sum(jnp.where(onehot, rm[:, None], 0.0), axis=0)

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 
 from jagent._src.errors import FieldError
+from jagent._src import checks
 
 FAMILIES = ("qwen2", "llama")
 ROPE_TYPES = ("default", "llama3")
@@ -116,9 +117,8 @@ class ModelConfig:
       bad("family", f"must be one of {FAMILIES}")
     for f in ("vocab_size", "embed_dim", "num_layers", "num_heads", "num_kv_heads",
               "head_dim", "mlp_dim", "max_position", "rope_original_max_position"):
-      v = getattr(self, f)
-      if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-        bad(f, "must be a positive int")
+      checks.check_int(f, getattr(self, f), 1, why="must be a positive int",
+                       owner="ModelConfig")
     if self.num_heads % self.num_kv_heads:
       bad("num_kv_heads", f"must divide num_heads={self.num_heads}")
     if self.head_dim % 2:

@@ -53,6 +53,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from jagent._src.errors import FieldError
+from jagent._src import checks
+from jagent.models import _axes as ax
 from jagent.models import _config
 
 LORA_MODULES = ("q", "k", "v", "o", "gate", "up", "down")
@@ -60,8 +62,6 @@ ALL_LINEAR = "all-linear"
 # The projections each family's layers have (a family without one cannot be
 # adapted there).
 FAMILY_MODULES = {"qwen2": LORA_MODULES, "llama": LORA_MODULES}
-# Logical axis of the adapters' rank dimension (replicated by the default rules).
-LORA_RANK = "lora_rank"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,8 +89,7 @@ class LoraConfig:
     def bad(field, why):
       raise FieldError("LoraConfig", field, getattr(self, field), why)
 
-    if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
-      bad("rank", "must be an int >= 1")
+    checks.check_int("rank", self.rank, 1, owner="LoraConfig")
     if isinstance(self.alpha, bool) or not (
         isinstance(self.alpha, (int, float)) and self.alpha > 0 and math.isfinite(self.alpha)):
       bad("alpha", "must be a positive finite float")
@@ -211,15 +210,14 @@ def lora_axes(params: LoraParams, base_axes: Any) -> LoraParams:
   dimensions and ``lora_rank`` on the rank dimension, so they shard by the
   same rules as the weights they adapt.
   """
-  from jagent.models import _transformer as t  # pylint: disable=g-import-not-at-top
-  lr = (t.LAYERS, LORA_RANK)
-  names = {"q": (P(t.LAYERS, t.EMBED, LORA_RANK), P(*lr, t.Q_HEADS, t.HEAD_DIM)),
-           "k": (P(t.LAYERS, t.EMBED, LORA_RANK), P(*lr, t.KV_HEADS, t.HEAD_DIM)),
-           "v": (P(t.LAYERS, t.EMBED, LORA_RANK), P(*lr, t.KV_HEADS, t.HEAD_DIM)),
-           "o": (P(t.LAYERS, t.Q_HEADS, t.HEAD_DIM, LORA_RANK), P(*lr, t.EMBED)),
-           "gate": (P(t.LAYERS, t.EMBED, LORA_RANK), P(*lr, t.MLP)),
-           "up": (P(t.LAYERS, t.EMBED, LORA_RANK), P(*lr, t.MLP)),
-           "down": (P(t.LAYERS, t.MLP, LORA_RANK), P(*lr, t.EMBED))}
+  lr = (ax.LAYERS, ax.LORA_RANK)
+  names = {"q": (P(ax.LAYERS, ax.EMBED, ax.LORA_RANK), P(*lr, ax.Q_HEADS, ax.HEAD_DIM)),
+           "k": (P(ax.LAYERS, ax.EMBED, ax.LORA_RANK), P(*lr, ax.KV_HEADS, ax.HEAD_DIM)),
+           "v": (P(ax.LAYERS, ax.EMBED, ax.LORA_RANK), P(*lr, ax.KV_HEADS, ax.HEAD_DIM)),
+           "o": (P(ax.LAYERS, ax.Q_HEADS, ax.HEAD_DIM, ax.LORA_RANK), P(*lr, ax.EMBED)),
+           "gate": (P(ax.LAYERS, ax.EMBED, ax.LORA_RANK), P(*lr, ax.MLP)),
+           "up": (P(ax.LAYERS, ax.EMBED, ax.LORA_RANK), P(*lr, ax.MLP)),
+           "down": (P(ax.LAYERS, ax.MLP, ax.LORA_RANK), P(*lr, ax.EMBED))}
   adapters = None
   if params.adapters is not None:
     adapters = {n: LoraPair(*names[n]) for n in params.adapters}

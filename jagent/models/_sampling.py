@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jagent._src.errors import FieldError
+from jagent._src import checks
 from jagent.models import _config
 from jagent.models import _lora
 from jagent.models import _transformer
@@ -78,12 +79,12 @@ class SamplingConfig:
     def bad(field, why, advice=None):
       raise FieldError("SamplingConfig", field, getattr(self, field), why, advice)
 
-    if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
-      bad("max_new_tokens", "must be a positive int")
+    checks.check_int("max_new_tokens", self.max_new_tokens, 1, why="must be a positive int",
+                     owner="SamplingConfig")
     if not (self.temperature > 0 and math.isfinite(self.temperature)):
       bad("temperature", "must be a positive finite float", "use greedy=True for argmax")
-    if not isinstance(self.top_k, int) or self.top_k < 0:
-      bad("top_k", "must be an int >= 0 (0 = off)")
+    checks.check_int("top_k", self.top_k, 0, why="must be an int >= 0 (0 = off)",
+                     owner="SamplingConfig")
     if not 0 < self.top_p <= 1:
       bad("top_p", "must be in (0, 1]")
     object.__setattr__(self, "eos_ids", tuple(int(i) for i in self.eos_ids))

@@ -34,18 +34,16 @@ from jax.sharding import PartitionSpec as P
 
 from jagent.models import _attention
 from jagent.models import _lora
+from jagent.models._axes import BATCH
+from jagent.models._axes import CACHE_SEQ
+from jagent.models._axes import EMBED
+from jagent.models._axes import HEAD_DIM
+from jagent.models._axes import KV_HEADS
+from jagent.models._axes import LAYERS
+from jagent.models._axes import MLP
+from jagent.models._axes import Q_HEADS
+from jagent.models._axes import VOCAB
 from jagent.models._config import ModelConfig
-
-# Logical axis names (constants so sharding rules can refer to them).
-VOCAB = "vocab"
-EMBED = "embed"
-Q_HEADS = "q_heads"
-KV_HEADS = "kv_heads"
-HEAD_DIM = "head_dim"
-MLP = "mlp"
-BATCH = "batch"
-CACHE_SEQ = "cache_seq"
-LAYERS = "layers"
 
 
 @flax.struct.dataclass

@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from envs_jax._src import environment as _environment
+from jagent._src import checks
 from jagent.rollout import _host
 from jagent.rollout import _rollout
 from jagent.rollout import _text
@@ -143,8 +144,7 @@ def make_expert(env, *, think: bool, actions_per_turn: int = 1,
   if not isinstance(think, bool):
     raise ValueError(f"make_expert: think must be a bool, got {think!r}")
   for name, v in (("actions_per_turn", actions_per_turn), ("max_nodes", max_nodes)):
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-      raise ValueError(f"make_expert: {name} must be an int >= 1, got {v!r}")
+    checks.check_int(f"make_expert: {name}", v, 1)
   if frozen_lake_policy not in ("shortest", "max_success"):
     raise ValueError(f"make_expert: frozen_lake_policy={frozen_lake_policy!r}; use "
                      "'shortest' or 'max_success'")
@@ -213,10 +213,8 @@ def demonstrations(
   if num_groups is not None:
     config = dataclasses.replace(config, num_groups=num_groups)
   max_k = text_env.prompt.max_actions_per_turn
-  if isinstance(actions_per_turn, bool) or not isinstance(actions_per_turn, int) or not (
-      1 <= actions_per_turn <= max_k):
-    raise ValueError(f"demonstrations: actions_per_turn={actions_per_turn!r} must be an "
-                     f"int in [1, PromptConfig.max_actions_per_turn={max_k}]")
+  checks.check_int("demonstrations: actions_per_turn", actions_per_turn, 1, max_k,
+                   why=f"must be an int in [1, PromptConfig.max_actions_per_turn={max_k}]")
   if config.history_turns >= 0:  # a window that cannot fit fails here, as in make_rollout
     _rollout.check_context_size(text_env, config)
   env = text_env.env

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jagent import tokenizers
+from jagent._src import checks
 
 _THINK_PREFIX = b"<think>"
 _CLOSE_THINK = b"</think>"
@@ -101,10 +102,7 @@ class ParseSpec:
     if not isinstance(self.think, bool):
       raise ValueError(f"think must be a bool, got {self.think!r}")
     for field in ("max_actions_per_turn", "max_answer_bytes"):
-      value = getattr(self, field)
-      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{field} must be an int >= 1, got {value!r}")
-      object.__setattr__(self, field, int(value))
+      object.__setattr__(self, field, checks.check_int(field, getattr(self, field), 1))
 
 
 @flax.struct.dataclass

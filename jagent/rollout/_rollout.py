@@ -35,6 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jagent._src.errors import FieldError
+from jagent._src import checks
+from jagent.losses import _shaping
 from jagent.models import _config as _model_config
 from jagent.models import _sampling
 from jagent.models import _transformer
@@ -59,7 +61,7 @@ class RolloutConfig:
     temperature, top_k, top_p, greedy: sampling (RAGEN trains at T = 1 and
       validates at T = 0.5).
     format_penalty: added to a turn's reward when its reply is not valid
-      (RAGEN's es_manager: -0.1). The one home of the format penalty: the
+      (``jagent.losses.FORMAT_PENALTY``, RAGEN's es_manager: -0.1). The
       trajectory's rewards hold it, and no objective adds it again
       (``jagent.train.trajectory_batch`` leaves ``format_valid`` out).
     history_turns: k, the bounded history (RAGEN's ``context_window_mode`` /
@@ -93,7 +95,7 @@ class RolloutConfig:
   top_k: int = 0
   top_p: float = 1.0
   greedy: bool = False
-  format_penalty: float = -0.1
+  format_penalty: float = _shaping.FORMAT_PENALTY
   history_turns: int = -1
   merge_lora: bool = True
   tree: _tree.TreeConfig | None = None
@@ -101,22 +103,18 @@ class RolloutConfig:
   def __post_init__(self):
     for name in ("num_groups", "group_size", "max_turns", "max_tokens_per_turn",
                  "max_actions_per_traj"):
-      v = getattr(self, name)
-      if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise FieldError("RolloutConfig", name, v, "must be an int >= 1")
-    if self.context_size is not None and (
-        not isinstance(self.context_size, int) or self.context_size < 1):
-      raise FieldError("RolloutConfig", "context_size", self.context_size,
-                       "must be a positive int or None")
+      checks.check_int(name, getattr(self, name), 1, owner="RolloutConfig")
+    if self.context_size is not None:
+      checks.check_int("context_size", self.context_size, 1,
+                       why="must be a positive int or None", owner="RolloutConfig")
     if not isinstance(self.format_penalty, (int, float)) or not -float("inf") < (
         self.format_penalty) <= 0:
       # One sign everywhere: the (non-positive) reward added to a bad turn.
       raise FieldError("RolloutConfig", "format_penalty", self.format_penalty,
                        "must be a finite float <= 0", "the reward added to a bad turn; RAGEN: -0.1")
-    k = self.history_turns
-    if isinstance(k, bool) or not isinstance(k, int) or k < -1:
-      raise FieldError("RolloutConfig", "history_turns", k, "must be an int >= -1",
-                       "-1: the full history; k >= 0: the last k turns")
+    checks.check_int("history_turns", self.history_turns, -1,
+                     why="must be an int >= -1 (-1: the full history; k >= 0: the last k turns)",
+                     owner="RolloutConfig")
     if not isinstance(self.merge_lora, bool):
       raise FieldError("RolloutConfig", "merge_lora", self.merge_lora, "must be a bool")
     if self.tree is not None:

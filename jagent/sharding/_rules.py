@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from jagent import models
 from jagent._src.types import PyTree
-from jagent.models import _transformer as _tf
+from jagent.models import _axes
 from jagent.sharding import _mesh
 from jagent.train import _critic
 from jagent.train import _state
@@ -29,15 +29,15 @@ MeshAxes = Union[str, tuple[str, ...], None]
 Rules = Sequence[tuple[str, MeshAxes]]
 
 DEFAULT_RULES: tuple[tuple[str, MeshAxes], ...] = (
-    (_tf.BATCH, _mesh.ROW_AXES),      # rows: data parallel x FSDP
-    (_tf.EMBED, _mesh.FSDP),          # FSDP shards every weight along D
-    (_tf.Q_HEADS, _mesh.TENSOR),      # Megatron: attention by heads,
-    (_tf.KV_HEADS, _mesh.TENSOR),
-    (_tf.MLP, _mesh.TENSOR),          # the MLP by its hidden width,
-    (_tf.VOCAB, _mesh.TENSOR),        # embeddings / logits by vocabulary
-    (_tf.HEAD_DIM, None),
-    (_tf.CACHE_SEQ, None),
-    (_tf.LAYERS, None),               # every device holds its part of every layer
+    (_axes.BATCH, _mesh.ROW_AXES),      # rows: data parallel x FSDP
+    (_axes.EMBED, _mesh.FSDP),          # FSDP shards every weight along D
+    (_axes.Q_HEADS, _mesh.TENSOR),      # Megatron: attention by heads,
+    (_axes.KV_HEADS, _mesh.TENSOR),
+    (_axes.MLP, _mesh.TENSOR),          # the MLP by its hidden width,
+    (_axes.VOCAB, _mesh.TENSOR),        # embeddings / logits by vocabulary
+    (_axes.HEAD_DIM, None),
+    (_axes.CACHE_SEQ, None),
+    (_axes.LAYERS, None),               # every device holds its part of every layer
 )
 """Default ``(logical_name, mesh_axes)`` rules for the ``make_mesh`` axes.
 
@@ -189,7 +189,7 @@ def param_shardings(params: models.Params, mesh: jax.sharding.Mesh,
 
 def _critic_shardings(critic: _critic.CriticParams, mesh, rules):
   trunk = None if critic.trunk is None else _params_axes(critic.trunk)
-  axes = _critic.CriticParams(head=_critic.ValueHead(w=P(_tf.EMBED), b=P()), trunk=trunk)
+  axes = _critic.CriticParams(head=_critic.ValueHead(w=P(_axes.EMBED), b=P()), trunk=trunk)
   return tree_shardings(axes, critic, mesh, rules)
 
 

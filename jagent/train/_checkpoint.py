@@ -10,6 +10,7 @@ import orbax.checkpoint as ocp
 
 from jagent import models
 from jagent import tokenizers
+from jagent._src import checks
 from jagent._src.types import PyTree
 
 CHECKPOINT_DIR = "checkpoints"
@@ -92,8 +93,7 @@ class Checkpointer:
   """
 
   def __init__(self, workdir: str, *, keep: int = 3, async_save: bool = True):
-    if not isinstance(keep, int) or keep < 1:
-      raise ValueError(f"keep must be an int >= 1; got {keep!r}.")
+    checks.check_int("keep", keep, 1)
     self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, enable_async_checkpointing=async_save)
@@ -120,8 +120,7 @@ class Checkpointer:
       ValueError: for a negative or non-int step, or a step already on disk
         that was not skipped as unreadable (orbax's StepAlreadyExistsError).
     """
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-      raise ValueError(f"step must be an int >= 0; got {step!r}.")
+    checks.check_int("step", step, 0)
     if step in self._unreadable:
       self._unreadable.discard(step)
       if step in self.all_steps():

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jagent import models
+from jagent._src import checks
 from jagent._src.types import Array
 from jagent._src.types import ArrayLike
 from jagent.rollout import _parse
@@ -190,9 +191,8 @@ def collapse_metrics(params: models.Params, traj: _trajectory.Trajectory, key: j
   temperature = _logprobs.check_temperature(temperature)
   for name, value in (("num_rows", num_rows), ("reply_tokens", reply_tokens),
                       ("prompt_tokens", prompt_tokens)):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or value < 1):
-      raise ValueError(f"collapse_metrics: {name}={value!r} must be an int >= 1")
+    if value is not None:
+      checks.check_int(f"collapse_metrics: {name}", value, 1)
   tokens = jnp.asarray(traj.tokens, jnp.int32)
   r, s = tokens.shape
   n = min(num_rows, r)

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from jagent._src import checks
 from jagent.rollout import _trajectory
 
 EvalProgram = Callable[[Any, jax.Array, jax.Array],
@@ -77,7 +78,8 @@ def evaluate(program: EvalProgram, params: Any, reset_keys: jax.Array, key: jax.
     ValueError: M not a multiple of ``num_groups`` (before anything runs).
   """
   m = reset_keys.shape[0]
-  if not isinstance(num_groups, int) or num_groups < 1 or m % num_groups:
+  checks.check_int("num_groups", num_groups, 1)
+  if m % num_groups:
     raise ValueError(f"{m} evaluation states is not a multiple of num_groups={num_groups!r}")
   fold = jax.random.fold_in if key.ndim == 0 else jax.vmap(jax.random.fold_in, (0, None))
   chunks = m // num_groups

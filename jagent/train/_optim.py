@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from jagent._src.errors import FieldError
+from jagent._src import checks
 from jagent._src.types import Array
 from jagent._src.types import PyTree
 
@@ -66,9 +67,7 @@ class OptimizerConfig:
         self.learning_rate > 0 and math.isfinite(self.learning_rate)):
       bad("learning_rate", "must be a positive finite float")
     for f in ("warmup_steps", "decay_steps"):
-      v = getattr(self, f)
-      if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        bad(f, "must be an int >= 0")
+      checks.check_int(f, getattr(self, f), 0, owner="OptimizerConfig")
     if self.decay not in DECAYS:
       bad("decay", f"must be one of {DECAYS}")
     if self.decay != "constant" and self.decay_steps <= 0:

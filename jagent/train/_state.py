@@ -14,6 +14,7 @@ from flax import struct
 from jagent import models
 from jagent import transforms
 from jagent._src.errors import FieldError
+from jagent._src import checks
 from jagent._src.types import Array
 from jagent._src.types import PyTree
 from jagent.train import _critic
@@ -57,11 +58,14 @@ class TrainConfig:
       ``shuffle: false`` default). Minibatches and micro-batches take rows
       strided, not contiguous: with ``M`` minibatches, minibatch ``m`` holds
       rows ``m, m + M, m + 2M, ...`` (so rows sharded in blocks over devices
-      stay spread over all of them). Rows dropped by a rollout filter are
-      masked, not removed: they still cost compute, and a minibatch with no
-      trained token is skipped (no optimizer step, counted as empty). RAGEN
-      removes filtered rows instead, so its kept rows fill fewer, full
-      minibatches; here they stay where they were.
+      stay spread over all of them). Rows a rollout filter drops:
+      :func:`jagent.train.rl_iteration` removes the groups that a
+      fixed-count filter (``top_fraction`` / ``top_k``) drops before the
+      update (``compact_groups``), so the kept rows fill fewer, full
+      minibatches, as in RAGEN. A data-dependent filter (``top_p`` /
+      ``min_p``), or an objective's filter stage in a step called directly,
+      masks them instead: they still cost compute, and a minibatch with no
+      trained token is skipped (no optimizer step, counted as empty).
 
   Raises:
     jagent.FieldError: (a ValueError) from ``__post_init__``, naming the bad field.
@@ -92,9 +96,7 @@ class TrainConfig:
     if self.old_logprobs not in OLD_LOGPROBS:
       bad("old_logprobs", f"must be one of {OLD_LOGPROBS}")
     for f in ("ppo_epochs", "num_minibatches", "num_microbatches"):
-      v = getattr(self, f)
-      if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        bad(f, "must be an int >= 1")
+      checks.check_int(f, getattr(self, f), 1, owner="TrainConfig")
 
   def replace(self, **changes) -> "TrainConfig":
     """A copy with ``changes`` applied (validated again)."""

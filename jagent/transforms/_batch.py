@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jagent._src import checks
 from jagent._src.types import Array
 
 TOKEN_FIELDS = ("tokens", "loss_mask", "sampler_logprobs", "old_logprobs",
@@ -208,10 +209,7 @@ def require(batch: Batch, fields: tuple[str, ...], stage: str) -> None:
   if rows is not None and rows % batch.group_size:
     raise ValueError(f"{stage}: group_size {batch.group_size} does not divide "
                      f"the {rows} rows of the batch.")
-  t = batch.turns_per_episode
-  if not isinstance(t, int) or t < 1:
-    raise ValueError(f"{stage}: turns_per_episode must be an int >= 1; got "
-                     f"{t!r}.")
+  t = checks.check_int(f"{stage}: turns_per_episode", batch.turns_per_episode, 1)
   if rows is not None and rows % (t * batch.group_size):
     raise ValueError(f"{stage}: turns_per_episode {t} x group_size "
                      f"{batch.group_size} does not divide the {rows} rows of "

@@ -14,6 +14,7 @@ import numpy as np
 
 import envs_jax
 from envs_jax._src import rubiks_cube
+from envs_jax._src import rubiks_cube_rules
 from envs_jax._src import rubiks_cube_solver
 from experiments.benchmarks import peers
 
@@ -98,7 +99,7 @@ class MovesTest(absltest.TestCase):
     self.assertTrue(bool(info["action_effective"]))
 
   def test_each_move_is_a_quarter_turn_that_keeps_corners_whole(self):
-    geometry = rubiks_cube._sticker_geometry()
+    geometry = rubiks_cube_rules._sticker_geometry()
     corners = collections.defaultdict(set)
     for i, (pos, _) in enumerate(geometry):
       corners[pos].add(i)

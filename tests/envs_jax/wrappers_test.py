@@ -9,7 +9,6 @@ import numpy as np
 
 import envs_jax
 from envs_jax._src import environment
-from envs_jax._src import registration
 
 
 @struct.dataclass
@@ -244,7 +243,7 @@ class RegistryTest(absltest.TestCase):
   def test_register_validates_and_never_overwrites(self):
     with self.assertRaisesRegex(ValueError, "must look like"):
       envs_jax.register("bad name", Counter)
-    registration.register("TestCounter-v0", Counter)
+    envs_jax.register("TestCounter-v0", Counter)
     try:
       with self.assertRaisesRegex(ValueError, "already registered"):
         envs_jax.register("TestCounter-v0", Counter)
@@ -253,7 +252,19 @@ class RegistryTest(absltest.TestCase):
       self.assertEqual(int(params.goal), 3)
       self.assertIn("TestCounter-v0", envs_jax.registered())
     finally:
-      registration._REGISTRY.pop("TestCounter-v0")
+      envs_jax.unregister("TestCounter-v0")
+    self.assertNotIn("TestCounter-v0", envs_jax.registered())
+    with self.assertRaisesRegex(ValueError, "unknown environment id 'TestCounter-v0'"):
+      envs_jax.make("TestCounter-v0")
+
+  def test_unregister_frees_the_id_and_names_an_unknown_one(self):
+    envs_jax.register("TestCounter-v1", Counter)
+    envs_jax.unregister("TestCounter-v1")
+    envs_jax.register("TestCounter-v1", Counter)  # free again
+    envs_jax.unregister("TestCounter-v1")
+    with self.assertRaisesRegex(ValueError, "unknown environment id 'TestCounter-v1'; registered: "):
+      envs_jax.unregister("TestCounter-v1")
+    self.assertIn("Sokoban-6x6-1box-v0", envs_jax.registered())  # nothing else removed
 
 
 if __name__ == "__main__":

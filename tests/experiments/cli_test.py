@@ -231,7 +231,7 @@ class OneLineErrorsTest(absltest.TestCase):
     self.assertRegex(self._one_line(eval_job.main, workdir=self.damaged, env="Nope-v0"),
                      r"^error: --env='Nope-v0' is not a registered environment; known: ")
     self.assertEqual(self._one_line(eval_job.main, workdir=self.damaged, num_levels=0),
-                     "error: --num_levels=0 must be an int >= 1")
+                     "error: --num_levels=0: must be an int >= 1")
     out = os.path.join(self.a_file, "eval.json")
     self.assertEqual(self._one_line(eval_job.main, workdir=self.damaged, output=out),
                      f"error: --output={self.a_file}: cannot write the run there: "

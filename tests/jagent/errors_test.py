@@ -53,6 +53,12 @@ class FieldErrorTest(absltest.TestCase):
         (lambda: models.LoraConfig(rank=0), "LoraConfig", "rank", 0),
         (lambda: rollout.PromptConfig(max_actions_per_turn=0), "PromptConfig",
          "max_actions_per_turn", 0),
+        # Int fields, checked by jagent.check_int with the dataclass as owner.
+        (lambda: train.OptimizerConfig(warmup_steps=-1), "OptimizerConfig", "warmup_steps", -1),
+        (lambda: nano.replace(num_layers=1.5), "ModelConfig", "num_layers", 1.5),
+        (lambda: models.SamplingConfig(max_new_tokens=4, top_k=-1), "SamplingConfig",
+         "top_k", -1),
+        (lambda: rollout.RolloutConfig(history_turns=-2), "RolloutConfig", "history_turns", -2),
     ]
     for build, owner, field, value in cases:
       with self.subTest(owner):

@@ -27,7 +27,6 @@ import numpy as np
 from flax import struct
 
 import envs_jax
-from envs_jax._src import registration
 from experiments import common
 from experiments import train as train_job
 from experiments.configs import tiny
@@ -109,7 +108,7 @@ class ToyEnvTest(absltest.TestCase):
   def setUpClass(cls):
     super().setUpClass()
     # A TimeLimit around the game also checks that wrappers forward its hooks.
-    registration.register(_ENV_ID, lambda **kw: envs_jax.TimeLimit(Copy(**kw), 1))
+    envs_jax.register(_ENV_ID, lambda **kw: envs_jax.TimeLimit(Copy(**kw), 1))
     cls.root = tempfile.mkdtemp(prefix="toy_env_test_")
     cls.config = _config()
     cls.exp = common.Experiment(cls.config)
@@ -119,7 +118,7 @@ class ToyEnvTest(absltest.TestCase):
 
   @classmethod
   def tearDownClass(cls):
-    registration._REGISTRY.pop(_ENV_ID)  # pylint: disable=protected-access
+    envs_jax.unregister(_ENV_ID)
     shutil.rmtree(cls.root, ignore_errors=True)
     super().tearDownClass()
 
