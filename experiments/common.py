@@ -822,8 +822,8 @@ def validate(config, num_devices: int | None = None) -> None:
   # config.sft.expert is make_expert's policy (absent in runs saved before it).
   if config.sft.get("expert", "solver") not in rollout.EXPERT_POLICIES:
     raise _bad("sft.expert", config.sft.expert, f"unknown; known: {rollout.EXPERT_POLICIES}")
-  max_nodes = config.sft.get("expert_max_nodes", 1_000_000)
-  _require_int("sft.expert_max_nodes", max_nodes, 1, "must be an int >= 1")
+  if "expert_max_nodes" in config.sft:  # absent in runs saved before it: the game's default
+    _require_int("sft.expert_max_nodes", config.sft.expert_max_nodes, 1, "must be an int >= 1")
   if config.sft.steps:
     sft_optimizer(config)
   # SFT rows are episodes in the full history, turns in a bounded window (at
@@ -1129,11 +1129,14 @@ class Experiment:
   def demonstrations(self):
     """Expert demonstrations (one Trajectory) for SFT; levels disjoint from eval."""
     c = self.config
+    # config.sft.expert_<name> sets the game's expert option <name>; the config
+    # template holds Sokoban's for every game, so the game gets the ones its
+    # expert takes (env.expert_defaults) and its defaults for the rest.
+    options = {k[len("expert_"):]: v for k, v in c.sft.items() if k.startswith("expert_")}
     expert = rollout.make_expert(
         self.env, think=self.prompt.think, actions_per_turn=c.sft.actions_per_turn,
         policy=c.sft.get("expert", "solver"), seed=c.seed,
-        max_nodes=c.sft.get("expert_max_nodes", 1_000_000),
-        reuse_plans=c.sft.get("expert_reuse_plans", False))
+        **{k: v for k, v in options.items() if k in self.env.expert_defaults})
     rc = rollout.RolloutConfig(
         num_groups=c.sft.num_demos, group_size=1, max_turns=self.rollout_config.max_turns,
         max_tokens_per_turn=self.rollout_config.max_tokens_per_turn,
