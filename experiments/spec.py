@@ -16,6 +16,8 @@ from typing import Any
 
 import ml_collections
 
+import envs_jax
+
 # Dotted config field -> the value that runs saved before the field behaved as.
 LEGACY_DEFAULTS: dict[str, Any] = {
     # Devices: one (the default device).
@@ -43,7 +45,7 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "rl.empty_stop_steps": 0,
     # BFS demonstrations, each search capped at 1,000,000 states, one search a turn.
     "sft.expert": "solver",
-    "sft.expert_max_nodes": 1_000_000,
+    "sft.expert_max_nodes": envs_jax.SOKOBAN_MAX_NODES,
     "sft.expert_reuse_plans": False,
     # Evaluation on split(key(eval.seed), eval.num_levels), training levels included.
     "eval.held_out": False,

@@ -339,6 +339,7 @@ _SURFACES["envs_jax"] = [
     "RubiksCube",
     "RubiksCubeParams",
     "RubiksCubeState",
+    "SOKOBAN_MAX_NODES",
     "Sokoban",
     "SokobanGenerationInfo",
     "SokobanGeneratorConfig",
