@@ -17,7 +17,7 @@ from jagent import transforms
 # REINFORCE++, GiGPO): StarPO's config lists them all.
 _ADVANTAGE_DEFAULTS = {"gamma": 1.0, "lambda_": 1.0, "whiten": True, "turn_gamma": 0.95,
                        "eps": 1e-6, "normalize_std": True, "step_gamma": 0.95,
-                       "step_weight": 1.0}
+                       "step_weight": 1.0, "combine": "sum", "node_reduce": "mean"}
 
 TOK = tokenizers.load_tiny_tokenizer()
 
@@ -78,6 +78,7 @@ class TinyConfigsTest(parameterized.TestCase):
         "grpo": loss | kl | {"eps"}, "dr_grpo": loss | kl, "rloo": loss | kl,
         "dapo": loss | kl | {"eps", "dynamic_sampling"},
         "gigpo": loss | kl | {"step_gamma", "step_weight", "normalize_std"},
+        "tree_grpo": loss | kl | {"advantage", "eps", "combine", "node_reduce"},
         "reinforce_pp": loss | {"gamma", "baseline", "kl_reward_coef", "kl_reward_estimator"},
         "starpo": starpo, "starpo_s": starpo}
     self.assertEqual(set(want), set(transforms.registered()))
