@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from jagent.models import _attention
 from jagent.models import _lora
+from jagent.models import _partitioning
 from jagent.models._config import ModelConfig
 
 # Logical axis names (constants so sharding rules can refer to them).
@@ -268,6 +269,12 @@ def _materialized(xs):
                for x in xs)
 
 
+def _on_rows(x_btd: jax.Array) -> jax.Array:
+  """Hidden states with their rows over the mesh's row axes while a sharded
+  step traces (see jagent.models._partitioning); the identity elsewhere."""
+  return _partitioning.constrain(x_btd, P(BATCH))
+
+
 def _rms_norm(x_btd: jax.Array, scale_d: jax.Array, eps: float) -> jax.Array:
   """RMSNorm (Zhang & Sennrich, https://arxiv.org/abs/1910.07467), in float32."""
   x = x_btd.astype(jnp.float32)
@@ -403,7 +410,7 @@ def hidden_states(
     params = params.base
   num_layers = params.layers.num_layers
 
-  x = jnp.take(params.embed, tokens, axis=0).astype(dt)  # [B, T, D]
+  x = _on_rows(jnp.take(params.embed, tokens, axis=0).astype(dt))  # [B, T, D]
   inv = jnp.asarray(rope_inv_freq(c))
   ang = positions.astype(jnp.float32)[..., None] * inv[None, None, :]  # [B, T, Dh/2]
   cos, sin = _materialized((jnp.cos(ang), jnp.sin(ang)))
@@ -474,6 +481,7 @@ def hidden_states(
   index = jnp.arange(num_layers, dtype=jnp.int32)
   if cache is None:
     def body(x, xs):
+      x = _on_rows(x)
       lp, la, i = xs
       (q, k, v), finish = block(x, _block_weights(lp, dt), la, layer_key(i))
       return finish(_attention.causal_attention(q, k, v, mask, dt, c.attention_impl)), None
@@ -491,6 +499,7 @@ def hidden_states(
   # of the loop instead of rebuilding each layer's weights at every step.
   def body(carry, xs):
     x, k_cache, v_cache = carry
+    x = _on_rows(x)
     w, la, i = xs
     (q, k, v), finish = block(x, w, la, layer_key(i))
     # The new tokens go straight into the stacked cache, in place. Advanced
