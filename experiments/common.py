@@ -291,7 +291,8 @@ def rollout_config(config) -> rollout.RolloutConfig:
                                              "temperature")},
       # Absent in runs saved before the fields: the full history, merged.
       "history_turns": ("rollout.history_turns", r.get("history_turns", -1)),
-      "merge_lora": ("rollout.merge_lora", r.get("merge_lora", True))})
+      "merge_lora": ("rollout.merge_lora", r.get("merge_lora", True)),
+      "prefill_chunk": ("rollout.prefill_chunk", r.get("prefill_chunk", 0))})
 
 
 def train_config(config, model_config: models.ModelConfig,

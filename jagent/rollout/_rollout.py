@@ -73,6 +73,9 @@ class RolloutConfig:
       :attr:`jagent.models.SamplingConfig.merge_lora`) or, False, apply them
       at every step: no merged copy of the base while sampling (a float32
       copy of every adapted weight), for slower decoding.
+    prefill_chunk: prefill prompts longer than this many tokens in chunks
+      of it (:attr:`jagent.models.SamplingConfig.prefill_chunk`); 0 (the
+      default): each prompt in one forward.
 
   Raises:
     ValueError: from ``__post_init__``, naming the bad field.
@@ -91,6 +94,7 @@ class RolloutConfig:
   format_penalty: float = -0.1
   history_turns: int = -1
   merge_lora: bool = True
+  prefill_chunk: int = 0
 
   def __post_init__(self):
     for name in ("num_groups", "group_size", "max_turns", "max_tokens_per_turn",
@@ -113,7 +117,7 @@ class RolloutConfig:
                        "(-1: the full history; k >= 0: the last k turns)")
     if not isinstance(self.merge_lora, bool):
       raise ValueError(f"RolloutConfig.merge_lora={self.merge_lora!r}: must be a bool")
-    self.sampling()  # validates temperature / top_k / top_p
+    self.sampling()  # validates temperature / top_k / top_p / prefill_chunk
 
   @property
   def batch_size(self) -> int:
@@ -126,7 +130,7 @@ class RolloutConfig:
         max_new_tokens=self.max_tokens_per_turn, temperature=self.temperature,
         top_k=self.top_k, top_p=self.top_p, greedy=self.greedy,
         eos_ids=() if eos_id is None else (eos_id,), stop_strings=tuple(stop_strings),
-        merge_lora=self.merge_lora)
+        merge_lora=self.merge_lora, prefill_chunk=self.prefill_chunk)
 
 
 def _turns_per_row(config: RolloutConfig) -> int:
@@ -405,9 +409,8 @@ def make_rollout(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
         state, jnp.full((b_size,), config.max_actions_per_traj, jnp.int32))
     head = jnp.maximum(first_len - 1, 0)
     w1 = first.shape[1]
-    _, cache = _transformer.apply(
-        params, first, jnp.broadcast_to(jnp.arange(w1, dtype=jnp.int32), first.shape), cache,
-        config=model_config, num_tokens=head, logits_at=jnp.zeros((b_size,), jnp.int32))
+    _, cache = _sampling.prefill(params, first, head, cache, config=model_config,
+                                 chunk=config.prefill_chunk)
     tokens = _scatter_rows(bufs[0], jnp.zeros((b_size,), jnp.int32), first, head)
     bufs = (tokens,) + bufs[1:]
     first_last = jnp.take_along_axis(first, head[:, None], axis=1)  # [B, 1]
