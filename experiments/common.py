@@ -287,7 +287,8 @@ def rollout_config(config) -> rollout.RolloutConfig:
                                              "max_tokens_per_turn", "max_actions_per_traj",
                                              "temperature")},
       "history_turns": ("rollout.history_turns", r.history_turns),
-      "merge_lora": ("rollout.merge_lora", r.merge_lora)},
+      "merge_lora": ("rollout.merge_lora", r.merge_lora),
+      "prefill_chunk": ("rollout.prefill_chunk", r.prefill_chunk)},
                 owners=("RolloutConfig", "SamplingConfig"))  # the latter: temperature
 
 

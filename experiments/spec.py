@@ -40,6 +40,7 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     # One sequence per episode (the full history), sampled with merged adapters.
     "rollout.history_turns": -1,
     "rollout.merge_lora": True,
+    "rollout.prefill_chunk": 0,
     # No gradient accumulation; never stop early.
     "rl.num_microbatches": 1,
     "rl.empty_stop_steps": 0,

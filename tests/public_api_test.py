@@ -292,6 +292,7 @@ _SURFACES["jagent.sharding"] = [
     "DEFAULT_RULES",
     "MESH_AXES",
     "ROW_AXES",
+    "activation_rules",
     "batch_sharding",
     "global_rows",
     "logical_to_sharding",

@@ -319,10 +319,11 @@ def report_compare(res: dict[str, Any]) -> None:
   print(json.dumps(res, default=float))
 
 
-def _compile(jitted, *args) -> dict[str, Any]:
-  """Compiles ``jitted`` on abstract ``args``: per-device bytes and seconds."""
+def _compile(jitted, mesh, *args) -> dict[str, Any]:
+  """Compiles ``jitted`` on abstract ``args`` for ``mesh``: per-device bytes and seconds."""
   t0 = time.perf_counter()
-  analysis = jitted.lower(*args).compile().memory_analysis()
+  with sharding.activation_rules(mesh):
+    analysis = jitted.lower(*args).compile().memory_analysis()
   sec = time.perf_counter() - t0
   if analysis is None:
     raise RuntimeError(f"no XLA memory analysis on the {jax.default_backend()} backend")
@@ -334,6 +335,9 @@ def _compile(jitted, *args) -> dict[str, Any]:
 
 def program_memory(exp: common.Experiment) -> dict[str, dict[str, Any]]:
   """Compiles the rollout and the train step of ``exp`` (its layer count) abstractly.
+
+  Both compile under ``jagent.sharding.activation_rules`` of the mesh, as
+  ``jagent.sharding``'s step wrappers run them.
 
   Returns:
     ``{"rollout": ..., "train": ...}``, each :func:`_compile`'s dict
@@ -350,7 +354,7 @@ def program_memory(exp: common.Experiment) -> dict[str, dict[str, Any]]:
   traj = jax.eval_shape(fn, state.params, key)
   jitted = jax.jit(lambda p, k: fn(p, k), in_shardings=(shardings.params, rep),
                    out_shardings=sharding.rows_shardings(traj, mesh))
-  out = {"rollout": _compile(jitted, state.params, key)}
+  out = {"rollout": _compile(jitted, mesh, state.params, key)}
   # The train step on the kept rows.
   # The kept groups' rows as the filter leaves them (turn rows included).
   kept, _ = jax.eval_shape(lambda t: train.compact_groups(t, exp.num_keep), traj)
@@ -360,7 +364,7 @@ def program_memory(exp: common.Experiment) -> dict[str, dict[str, Any]]:
   jitted = jax.jit(lambda s, b: train.train_step(s, b, objective=objective, config=config),
                    in_shardings=(shardings, batch_shardings), out_shardings=(shardings, rep),
                    donate_argnums=0)
-  out["train"] = _compile(jitted, state, _with_shardings(batch, batch_shardings))
+  out["train"] = _compile(jitted, mesh, state, _with_shardings(batch, batch_shardings))
   return out
 
 

@@ -112,7 +112,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       history_turns=0,
       # LoRA: sample with the adapters merged into a copy of the weights
       # (faster) or applied at every step (False: no merged copy in memory).
-      merge_lora=True))
+      merge_lora=True,
+      # Prefill prompts in chunks of this many tokens (0: at once).
+      prefill_chunk=0))
 
   # 800 steps: SFT sits at uniform actions for a few hundred steps before the
   # policy starts reading the grid (docs/results.md). batch_size counts rows:

@@ -60,6 +60,12 @@ class SamplingConfig:
       the tiny configs was faster (figures: ``jagent.models._lora``'s
       docstring), at the cost of a merged copy of the adapted weights while
       sampling. Ignored for plain ``Params``.
+    prefill_chunk: C > 0: prefill a prompt longer than C tokens in chunks
+      of C tokens (a ``lax.scan`` of cached forwards), so the prefill's
+      activations are those of ``B x C`` tokens, not ``B x P`` (the MLP's
+      ``[B x P, 2F]`` dominated RAGEN's 3B rollout: docs/scaling.md). 0 (the
+      default): the whole prompt in one forward. Same logits up to float
+      rounding (causal attention over the cache either way).
 
   Raises:
     jagent.FieldError: (a ValueError) from ``__post_init__``, naming the invalid field.
@@ -74,12 +80,16 @@ class SamplingConfig:
   stop_sequences: tuple[tuple[int, ...], ...] = ()
   stop_strings: tuple[str, ...] = ()
   merge_lora: bool = True
+  prefill_chunk: int = 0
 
   def __post_init__(self):
     def bad(field, why, advice=None):
       raise FieldError("SamplingConfig", field, getattr(self, field), why, advice)
 
     checks.check_int("max_new_tokens", self.max_new_tokens, 1, why="must be a positive int",
+                     owner="SamplingConfig")
+    checks.check_int("prefill_chunk", self.prefill_chunk, 0,
+                     why="must be an int >= 0 (0 = the whole prompt at once)",
                      owner="SamplingConfig")
     if not (self.temperature > 0 and math.isfinite(self.temperature)):
       bad("temperature", "must be a positive finite float", "use greedy=True for argmax")
@@ -328,6 +338,57 @@ def _string_stops(tail, tok, token_table, sampling: SamplingConfig):
   return hit, new_tail
 
 
+def prefill(params, prompt: jax.Array, prompt_lengths: jax.Array,
+            cache: _transformer.KVCache, *, config: _config.ModelConfig,
+            chunk: int = 0) -> tuple[jax.Array, _transformer.KVCache]:
+  """Prefills row b's ``prompt[b, :prompt_lengths[b]]`` at slots ``cache.lengths[b] + t``.
+
+  In one cached forward (``chunk`` 0, or a prompt of at most ``chunk``
+  tokens) or in chunks of ``chunk`` tokens, a ``lax.scan`` of cached
+  forwards (:attr:`SamplingConfig.prefill_chunk`): the same logits and
+  cache up to float rounding, with the activations of ``B x chunk`` tokens
+  at a time.
+
+  Args:
+    params: ``Params`` or ``LoraParams``.
+    prompt: int32 [B, P], right-padded.
+    prompt_lengths: int32 [B], valid tokens per row (0 allowed).
+    cache: the KV cache (slots past S are dropped).
+    config: the model config.
+    chunk: C >= 0, tokens per chunk (0: one forward).
+
+  Returns:
+    ``(logits, cache)``: float32 logits [B, V] after each row's last prompt
+    token (token 0 for an empty prompt) and the cache, ``lengths`` grown by
+    ``prompt_lengths``.
+  """
+  b, p = prompt.shape
+  last = jnp.maximum(prompt_lengths - 1, 0)
+  if not chunk or p <= chunk:
+    positions = cache.lengths[:, None] + jnp.arange(p, dtype=jnp.int32)[None]
+    return _transformer.apply(params, prompt, positions, cache, config=config,
+                              num_tokens=prompt_lengths, logits_at=last)
+  n = -(-p // chunk)
+  padded = jnp.pad(prompt, ((0, 0), (0, n * chunk - p)), constant_values=config.pad_id)
+  chunks = jnp.moveaxis(padded.reshape(b, n, chunk), 1, 0)  # [n, B, C]
+  starts = jnp.arange(n, dtype=jnp.int32) * chunk
+
+  def body(carry, xs):
+    cache, logits = carry
+    tokens, start = xs
+    positions = cache.lengths[:, None] + jnp.arange(chunk, dtype=jnp.int32)[None]
+    z, cache = _transformer.apply(
+        params, tokens, positions, cache, config=config,
+        num_tokens=jnp.clip(prompt_lengths - start, 0, chunk),
+        logits_at=jnp.clip(last - start, 0, chunk - 1))
+    here = (last >= start) & (last < start + chunk)
+    return (cache, jnp.where(here[:, None], z, logits)), None
+
+  zeros = jnp.zeros((b, config.vocab_size), jnp.float32)
+  (cache, logits), _ = jax.lax.scan(body, (cache, zeros), (chunks, starts))
+  return logits, cache
+
+
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "cache_size"),
                    donate_argnames=("cache",))
 def generate(
@@ -392,10 +453,8 @@ def generate(
   active = jnp.ones((b,), bool) if active is None else jnp.asarray(active, bool)
   if cache is None:
     cache = _transformer.init_cache(c, b, cache_size or p + n_max)
-  positions = cache.lengths[:, None] + jnp.arange(p, dtype=jnp.int32)[None]
-  logits, cache = _transformer.apply(
-      params, prompt, positions, cache, config=c, num_tokens=prompt_lengths,
-      logits_at=jnp.maximum(prompt_lengths - 1, 0))
+  logits, cache = prefill(params, prompt, prompt_lengths, cache, config=c,
+                          chunk=sp.prefill_chunk)
   tok, lp, slp = sample_logits(logits, fold_in(key, 0), sp)
   tok = jnp.where(active, tok, c.pad_id)
   gen = jnp.full((b, n_max), c.pad_id, jnp.int32).at[:, 0].set(tok)

@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from jagent.models import _attention
 from jagent.models import _lora
+from jagent.models import _partitioning
 from jagent.models._axes import BATCH
 from jagent.models._axes import CACHE_SEQ
 from jagent.models._axes import EMBED
@@ -266,6 +267,12 @@ def _materialized(xs):
                for x in xs)
 
 
+def _on_rows(x_btd: jax.Array) -> jax.Array:
+  """Hidden states with their rows over the mesh's row axes while a sharded
+  step traces (see jagent.models._partitioning); the identity elsewhere."""
+  return _partitioning.constrain(x_btd, P(BATCH))
+
+
 def _rms_norm(x_btd: jax.Array, scale_d: jax.Array, eps: float) -> jax.Array:
   """RMSNorm (Zhang & Sennrich, https://arxiv.org/abs/1910.07467), in float32."""
   x = x_btd.astype(jnp.float32)
@@ -304,8 +311,9 @@ class _BlockWeights(flax.struct.PyTreeNode):
   w_down: jax.Array  # [..., F, D]
 
 
-def _block_weights(lp: LayerParams, dtype) -> _BlockWeights:
-  """The compute layout of ``lp`` (one layer or the ``[L]`` stack).
+def _block_weights(lp: LayerParams, dtype=None) -> _BlockWeights:
+  """The compute layout of ``lp`` (one layer or the ``[L]`` stack), in ``dtype``
+  (None: the weights' own dtype).
 
   The weights of each key/value head's G query heads, its key and its value
   are stacked ``[D, K, G + 2, Dh]`` (query head ``h = k * G + g`` uses
@@ -318,17 +326,69 @@ def _block_weights(lp: LayerParams, dtype) -> _BlockWeights:
   """
   *lead, d, nk, dh = lp.wk.shape
   g = lp.wq.shape[-2] // nk
-  w_qkv = jnp.concatenate([lp.wq.reshape(*lead, d, nk, g, dh), lp.wk[..., None, :],
-                           lp.wv[..., None, :]], axis=-2).astype(dtype)
+  cast = (lambda x: x) if dtype is None else (lambda x: x.astype(dtype))  # noqa: E731
+  w_qkv = cast(jnp.concatenate([lp.wq.reshape(*lead, d, nk, g, dh), lp.wk[..., None, :],
+                                lp.wv[..., None, :]], axis=-2))
   b_qkv = None
   if lp.bq is not None:
-    b_qkv = jnp.concatenate([lp.bq.reshape(*lead, nk, g, dh), lp.bk[..., None, :],
-                             lp.bv[..., None, :]], axis=-2).astype(dtype)
-  wo = lp.wo.reshape(*lead, nk * g * dh, lp.wo.shape[-1]).astype(dtype)
-  w_gate_up = jnp.stack([lp.w_gate, lp.w_up], axis=-2).astype(dtype)
+    b_qkv = cast(jnp.concatenate([lp.bq.reshape(*lead, nk, g, dh), lp.bk[..., None, :],
+                                  lp.bv[..., None, :]], axis=-2))
+  wo = cast(lp.wo.reshape(*lead, nk * g * dh, lp.wo.shape[-1]))
+  w_gate_up = cast(jnp.stack([lp.w_gate, lp.w_up], axis=-2))
   return _BlockWeights(attn_norm=lp.attn_norm, w_qkv=w_qkv, b_qkv=b_qkv, wo=wo,
-                       mlp_norm=lp.mlp_norm, w_gate_up=w_gate_up,
-                       w_down=lp.w_down.astype(dtype))
+                       mlp_norm=lp.mlp_norm, w_gate_up=w_gate_up, w_down=cast(lp.w_down))
+
+
+def _is_half(x) -> bool:
+  return jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize == 2
+
+
+def _as_bits(tree):
+  """16-bit float leaves of ``tree`` as their ``uint16`` bits; other leaves as they are.
+
+  The stacked weights enter the layer loop this way and each layer is cast
+  to the compute dtype inside it (:func:`_from_bits`): given bfloat16
+  weights, XLA:CPU computes the loop's slice of them in float32 and hoists
+  that cast out of the loop, holding a float32 copy of the whole stack
+  (Qwen2.5-3B's bfloat16 LoRA base: 11.5 GiB, docs/scaling.md); integer bits
+  are sliced as they are. Bit casts copy nothing.
+  """
+  return jax.tree.map(
+      lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16) if _is_half(x) else x, tree)
+
+
+def _from_bits(bits, like, dtype):
+  """:func:`_as_bits`' inverse for one layer, float leaves cast to ``dtype``.
+
+  ``like`` is the original tree (its leaves' dtypes are read).
+  """
+  def one(b, x):
+    if _is_half(x):
+      b = jax.lax.bitcast_convert_type(b, x.dtype)
+    return b.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else b
+  return jax.tree.map(one, bits, like)
+
+
+def _write_layer(cache: jax.Array, i, index, update: jax.Array):
+  """Writes ``update`` at ``index`` of layer ``i`` of a stacked cache.
+
+  ``cache`` is ``[L, ...]``; ``index`` indexes one layer's ``[...]`` (advanced
+  indices on non-adjacent axes come first: the updates are ``[B, T, K, Dh]``);
+  slots past the end are dropped. Returns ``(cache, layer i after the
+  write)``. A float32 cache is written in place in the stack. A 16-bit float
+  cache is written in its layer, which then goes back into the stack:
+  XLA:CPU computes a bfloat16 scatter in float32, and on the stack that was
+  a float32 copy of the whole cache (two of them, 12.8 GiB each, for
+  Qwen2.5-3B's 36 layers in RAGEN's rollout: docs/scaling.md); on one layer
+  it is a layer's worth. The values are the same either way.
+  """
+  update = update.astype(cache.dtype)
+  if not (jnp.issubdtype(cache.dtype, jnp.floating) and cache.dtype.itemsize == 2):
+    cache = cache.at[(i, *index)].set(update, mode="drop")
+    return cache, jax.lax.dynamic_index_in_dim(cache, i, keepdims=False)
+  layer = jax.lax.dynamic_index_in_dim(cache, i, keepdims=False)
+  layer = layer.at[index].set(update, mode="drop")
+  return jax.lax.dynamic_update_index_in_dim(cache, layer, i, 0), layer
 
 
 def _qkv_projection(h_btd, w: _BlockWeights, cos_btf, sin_btf, dtype, delta=None):
@@ -401,7 +461,7 @@ def hidden_states(
     params = params.base
   num_layers = params.layers.num_layers
 
-  x = jnp.take(params.embed, tokens, axis=0).astype(dt)  # [B, T, D]
+  x = _on_rows(jnp.take(params.embed, tokens, axis=0).astype(dt))  # [B, T, D]
   inv = jnp.asarray(rope_inv_freq(c))
   ang = positions.astype(jnp.float32)[..., None] * inv[None, None, :]  # [B, T, Dh/2]
   cos, sin = _materialized((jnp.cos(ang), jnp.sin(ang)))
@@ -472,7 +532,9 @@ def hidden_states(
   index = jnp.arange(num_layers, dtype=jnp.int32)
   if cache is None:
     def body(x, xs):
+      x = _on_rows(x)
       lp, la, i = xs
+      lp = _from_bits(lp, params.layers, dt)
       (q, k, v), finish = block(x, _block_weights(lp, dt), la, layer_key(i))
       return finish(_attention.causal_attention(q, k, v, mask, dt, c.attention_impl)), None
 
@@ -481,28 +543,27 @@ def hidden_states(
     # merging the recomputation into the forward).
     if c.remat:
       body = jax.checkpoint(body, prevent_cse=False)
-    x, _ = jax.lax.scan(body, x, (params.layers, xs_adapters, index))
+    x, _ = jax.lax.scan(body, x, (_as_bits(params.layers), xs_adapters, index))
     return _rms_norm(x, params.final_norm, c.norm_eps), None
 
   # With a cache the compute layout is built for the whole stack before the
-  # scan: inside a decode loop it is then loop-invariant and XLA hoists it out
-  # of the loop instead of rebuilding each layer's weights at every step.
+  # scan (in the weights' own dtype; each layer is cast in the loop): inside
+  # a decode loop it is then loop-invariant and XLA hoists it out of the loop
+  # instead of rebuilding each layer's weights at every step.
   def body(carry, xs):
     x, k_cache, v_cache = carry
+    x = _on_rows(x)
     w, la, i = xs
-    (q, k, v), finish = block(x, w, la, layer_key(i))
-    # The new tokens go straight into the stacked cache, in place. Advanced
-    # indices on non-adjacent axes come first: updates are [B, T, K, Dh].
-    k_cache = k_cache.at[i, rows, :, :, slots].set(k.astype(k_cache.dtype), mode="drop")
-    v_cache = v_cache.at[i, rows, :, slots, :].set(v.astype(v_cache.dtype), mode="drop")
-    k_all = jax.lax.dynamic_index_in_dim(k_cache, i, keepdims=False)
-    v_all = jax.lax.dynamic_index_in_dim(v_cache, i, keepdims=False)
+    (q, k, v), finish = block(x, _from_bits(w, stack, dt), la, layer_key(i))
+    k_cache, k_all = _write_layer(k_cache, i, (rows, slice(None), slice(None), slots), k)
+    v_cache, v_all = _write_layer(v_cache, i, (rows, slice(None), slots, slice(None)), v)
     o = _attention.cached_attention(q, k_all.astype(dt), v_all.astype(dt), slots, needed, dt,
                                     c.attention_impl)
     return (finish(o), k_cache, v_cache), None
 
+  stack = _block_weights(params.layers)
   (x, k_cache, v_cache), _ = jax.lax.scan(
-      body, (x, cache.k, cache.v), (_block_weights(params.layers, dt), xs_adapters, index))
+      body, (x, cache.k, cache.v), (_as_bits(stack), xs_adapters, index))
   x = _rms_norm(x, params.final_norm, c.norm_eps)
   return x, KVCache(k=k_cache, v=v_cache, lengths=cache.lengths + n)
 

@@ -80,6 +80,9 @@ class RolloutConfig:
       :attr:`jagent.models.SamplingConfig.merge_lora`) or, False, apply them
       at every step: no merged copy of the base while sampling (a float32
       copy of every adapted weight), for slower decoding.
+    prefill_chunk: prefill prompts longer than this many tokens in chunks
+      of it (:attr:`jagent.models.SamplingConfig.prefill_chunk`); 0 (the
+      default): each prompt in one forward.
 
   Raises:
     jagent.FieldError: (a ValueError) from ``__post_init__``, naming the bad field.
@@ -99,6 +102,7 @@ class RolloutConfig:
   history_turns: int = -1
   merge_lora: bool = True
   tree: _tree.TreeConfig | None = None
+  prefill_chunk: int = 0
 
   def __post_init__(self):
     for name in ("num_groups", "group_size", "max_turns", "max_tokens_per_turn",
@@ -119,7 +123,7 @@ class RolloutConfig:
       raise FieldError("RolloutConfig", "merge_lora", self.merge_lora, "must be a bool")
     if self.tree is not None:
       _tree.check_tree(self.tree, max_turns=self.max_turns, group_size=self.group_size)
-    self.sampling()  # validates temperature / top_k / top_p
+    self.sampling()  # validates temperature / top_k / top_p / prefill_chunk
 
   @property
   def batch_size(self) -> int:
@@ -132,7 +136,7 @@ class RolloutConfig:
         max_new_tokens=self.max_tokens_per_turn, temperature=self.temperature,
         top_k=self.top_k, top_p=self.top_p, greedy=self.greedy,
         eos_ids=() if eos_id is None else (eos_id,), stop_strings=tuple(stop_strings),
-        merge_lora=self.merge_lora)
+        merge_lora=self.merge_lora, prefill_chunk=self.prefill_chunk)
 
 
 def _turns_per_row(config: RolloutConfig) -> int:
@@ -470,9 +474,8 @@ def make_program(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
         state, jnp.full((b_size,), config.max_actions_per_traj, jnp.int32))
     head = jnp.maximum(first_len - 1, 0)
     w1 = first.shape[1]
-    _, cache = _transformer.apply(
-        params, first, jnp.broadcast_to(jnp.arange(w1, dtype=jnp.int32), first.shape), cache,
-        config=model_config, num_tokens=head, logits_at=jnp.zeros((b_size,), jnp.int32))
+    _, cache = _sampling.prefill(params, first, head, cache, config=model_config,
+                                 chunk=config.prefill_chunk)
     tokens = _scatter_rows(bufs[0], jnp.zeros((b_size,), jnp.int32), first, head)
     bufs = (tokens,) + bufs[1:]
     first_last = jnp.take_along_axis(first, head[:, None], axis=1)  # [B, 1]

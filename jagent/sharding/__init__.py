@@ -33,6 +33,7 @@ from jagent.sharding._mesh import rows_size
 from jagent.sharding._placement import place_state
 from jagent.sharding._placement import to_host
 from jagent.sharding._placement import train_state_target
+from jagent.sharding._rules import activation_rules
 from jagent.sharding._rules import batch_sharding
 from jagent.sharding._rules import DEFAULT_RULES
 from jagent.sharding._rules import global_rows
@@ -53,6 +54,7 @@ __all__ = (
     "DEFAULT_RULES",
     "MESH_AXES",
     "ROW_AXES",
+    "activation_rules",
     "batch_sharding",
     "global_rows",
     "logical_to_sharding",

@@ -8,8 +8,8 @@ those names to mesh axes, as ``flax.linen.logical_axis_rules`` and MaxText's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-import math
+from collections.abc import Iterator, Sequence
+import contextlib
 from typing import Union
 
 import flax.linen as nn
@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 from jagent import models
 from jagent._src.types import PyTree
 from jagent.models import _axes
+from jagent.models import _partitioning
 from jagent.sharding import _mesh
 from jagent.train import _critic
 from jagent.train import _state
@@ -64,14 +65,6 @@ def _check_rules(rules: Rules, mesh: jax.sharding.Mesh) -> tuple:
   return tuple((name, tuple(a) if isinstance(a, list) else a) for name, a in rules)
 
 
-def _axes_size(mesh: jax.sharding.Mesh, axes: MeshAxes) -> int:
-  if axes is None:
-    return 1
-  if isinstance(axes, str):
-    return mesh.shape[axes]
-  return math.prod(mesh.shape[a] for a in axes)
-
-
 def logical_to_sharding(logical: P, shape: Sequence[int], mesh: jax.sharding.Mesh,
                         rules: Rules = DEFAULT_RULES) -> NamedSharding:
   """The NamedSharding of one array from its logical axis names.
@@ -98,17 +91,34 @@ def logical_to_sharding(logical: P, shape: Sequence[int], mesh: jax.sharding.Mes
       malformed rule, or a rule naming an axis the mesh lacks.
   """
   rules = _check_rules(rules, mesh)
-  shape = tuple(shape)
-  names = tuple(logical)
-  if len(names) > len(shape):
-    raise ValueError(f"logical axes {logical} name {len(names)} dimensions; the array "
-                     f"has shape {shape}.")
-  mesh_axes = tuple(nn.logical_to_mesh_axes(names, rules)) if names else ()
-  fitted = [a if n % _axes_size(mesh, a) == 0 else None
-            for a, n in zip(mesh_axes, shape)]
-  while fitted and fitted[-1] is None:
-    fitted.pop()
-  return NamedSharding(mesh, P(*fitted))
+  return NamedSharding(mesh, _partitioning.fitted_mesh_axes(logical, shape, mesh.shape,
+                                                            rules))
+
+
+@contextlib.contextmanager
+def activation_rules(mesh: jax.sharding.Mesh, rules: Rules = DEFAULT_RULES) -> Iterator[None]:
+  """Within it, programs traced constrain the model's activations by ``rules``.
+
+  Sets ``mesh`` as jax's abstract mesh (``jax.sharding.use_abstract_mesh``)
+  and ``rules`` as flax's logical-axis rules (``flax.linen.logical_axis_rules``),
+  which ``jagent.models`` reads to pin its hidden states' rows (logical
+  ``batch``) to ``data x fsdp`` inside the layer scan: without it the
+  partitioner laid them out like the weights (``embed`` over ``fsdp``) and
+  every device computed every row of a micro-batch (docs/scaling.md,
+  "Activations on rows"). The step wrappers here trace and call under it;
+  wrap a hand-made ``jax.jit(...)`` call (or ``.lower``) of a sharded program
+  in it to get the same layout. Values do not change.
+
+  Args:
+    mesh: the device mesh (:func:`make_mesh`).
+    rules: see :data:`DEFAULT_RULES`.
+
+  Raises:
+    ValueError: a malformed rule or one naming an axis the mesh lacks.
+  """
+  rules = _check_rules(rules, mesh)
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
+    yield
 
 
 def tree_shardings(axes: PyTree, tree: PyTree, mesh: jax.sharding.Mesh,

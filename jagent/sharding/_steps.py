@@ -1,11 +1,13 @@
 """The train step and the rollout jitted with explicit shardings on a mesh.
 
-Nothing in the model, the losses or the rollout knows about sharding: these
+Nothing in the model, the losses or the rollout knows about meshes: these
 wrappers fix where the inputs and outputs live (parameters by their logical
 axes, rows over ``data x fsdp``) and XLA's SPMD partitioner (GSPMD, Xu et al.,
 https://arxiv.org/abs/2105.04663) places the collectives in between, as in
 flax/examples/lm1b/train.py (``jit`` with ``in_shardings``,
-``out_shardings`` and ``donate_argnums``).
+``out_shardings`` and ``donate_argnums``). They trace and run under
+:func:`jagent.sharding.activation_rules`, so the model's hidden states keep
+their rows on ``data x fsdp`` inside the layer scan too.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ def _batch_step(fn: Callable, mesh: jax.sharding.Mesh, state_shardings: _state.T
     # single-device array's buffer for its first shard, even with
     # may_alias=False, so donating the placed state also frees the arrays it
     # was placed from (the docstrings say not to read them).
-    return compiled[key](_placed(state, state_shardings), _placed(batch, batch_shardings))
+    with _rules.activation_rules(mesh):
+      return compiled[key](_placed(state, state_shardings), _placed(batch, batch_shardings))
 
   return sharded_step
 
@@ -219,7 +222,8 @@ def shard_rl_iteration(rollout_fn: Callable[..., _trajectory.Trajectory],
                    out_shardings=(state_shardings, rep), donate_argnums=0)
 
   def sharded_iteration(state, key):
-    return jitted(_placed(state, state_shardings), key)
+    with _rules.activation_rules(mesh):
+      return jitted(_placed(state, state_shardings), key)
 
   return sharded_iteration
 
@@ -268,7 +272,8 @@ def shard_eval_program(rollout_fn: Callable[..., _trajectory.Trajectory],
                                out_shardings=(_rules.rows_shardings(traj, mesh), rep)),
                        params_sh)
     fn, params_sh = compiled[sig]
-    return fn(_placed(params, params_sh), key, reset_keys)
+    with _rules.activation_rules(mesh, rules):
+      return fn(_placed(params, params_sh), key, reset_keys)
 
   return sharded_program
 
@@ -322,8 +327,9 @@ def shard_rollout(text_env: _text.TextEnv, model_config: models.ModelConfig,
 
   def sharded_rollout(params, key, reset_keys=None):
     params = _placed(params, params_sh)
-    if reset_keys is None:
-      return by_default(params, key)
-    return by_keys(params, key, reset_keys)
+    with _rules.activation_rules(mesh, rules):
+      if reset_keys is None:
+        return by_default(params, key)
+      return by_keys(params, key, reset_keys)
 
   return sharded_rollout

@@ -255,6 +255,46 @@ class RulesTest(absltest.TestCase):
       sharding.rows_shardings({"a": jnp.zeros(8), "b": jnp.zeros((4, 2))}, mesh)
 
 
+class ActivationRulesTest(absltest.TestCase):
+  """The model's hidden states keep their rows on data x fsdp under activation_rules."""
+
+  def _forward(self, mesh):
+    """A jitted trunk forward: weights by their logical axes, tokens replicated."""
+    params = models.init(TRAIN_CFG.replace(num_layers=2), jax.random.key(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (8, 6)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(6, dtype=jnp.int32), (8, 6))
+    fn = jax.jit(lambda p, t: models.hidden_states(p, t, positions, config=TRAIN_CFG.replace(
+        num_layers=2))[0], in_shardings=(sharding.param_shardings(params, mesh),
+                                         sharding.replicated(mesh)))
+    return fn, params, tokens
+
+  def test_rows_constrained_values_equal(self):
+    mesh = sharding.make_mesh("fsdp:8")
+    fn, params, tokens = self._forward(mesh)
+    want = models.hidden_states(params, tokens, jnp.broadcast_to(jnp.arange(6), (8, 6)),
+                                config=TRAIN_CFG.replace(num_layers=2))[0]
+    # Left alone, the partitioner lays the hidden states out like the weights
+    # (D over fsdp, every row on every device) ...
+    rows = NamedSharding(mesh, ROWS)
+    free = fn.lower(params, tokens).compile().output_shardings
+    self.assertFalse(free.is_equivalent_to(rows, 3), free)
+    # ... under the rules their rows are split: one row per device.
+    with sharding.activation_rules(mesh):
+      got = fn(params, tokens)
+      pinned = fn.lower(params, tokens).compile().output_shardings
+    self.assertTrue(pinned.is_equivalent_to(rows, 3), pinned)
+    self.assertEqual(got.addressable_shards[0].data.shape, (1, 6, 16))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+  def test_identity_outside_and_bad_rules(self):
+    x = jnp.arange(8.0)
+    self.assertIs(models._partitioning.constrain(x, P("batch")), x)  # pylint: disable=protected-access
+    mesh = sharding.make_mesh("fsdp:8")
+    with self.assertRaisesRegex(ValueError, "'pipeline'"):
+      with sharding.activation_rules(mesh, (("batch", "pipeline"),)):
+        pass
+
+
 class ShardedTrainStepTest(parameterized.TestCase):
   """PPO with a value-head critic: one step with 2 shuffled minibatches."""
 

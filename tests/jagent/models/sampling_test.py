@@ -1,5 +1,6 @@
 """Tests of the batched sampler: caching, log-probabilities, stopping, statistics."""
 
+import dataclasses
 import functools
 
 from absl.testing import absltest
@@ -175,6 +176,29 @@ class SamplingTest(parameterized.TestCase):
         hist[b].append(int(logits[b, len(hist[b]) - 1].argmax()))
     np.testing.assert_array_equal(second.tokens, [h[-N:] for h in hist])
 
+  def test_chunked_prefill_equals_one_forward(self):
+    # Chunks of 4 and 5 tokens over prompts of 6, 2, 4 and 1 tokens (a row
+    # ending on a chunk's last token, rows inside the first chunk), and a
+    # second turn of 7 tokens prefilled into the first turn's cache.
+    obs = np.zeros((B, 7), np.int32)
+    obs[:, :7] = [5, 7, 9, 11, 13, 15, 17]
+    sampling = models.SamplingConfig(max_new_tokens=N, temperature=1.0)
+    want = [self._generate(sampling, key=3)]
+    want.append(models.generate(self.params, obs, np.full((B,), 7), jax.random.key(4),
+                                want[0].cache, config=CFG, sampling=sampling))
+    for chunk in (4, 5):
+      sp = dataclasses.replace(sampling, prefill_chunk=chunk)
+      got = [self._generate(sp, key=3)]
+      got.append(models.generate(self.params, obs, np.full((B,), 7), jax.random.key(4),
+                                 got[0].cache, config=CFG, sampling=sp))
+      for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.tokens, w.tokens)
+        np.testing.assert_array_equal(g.lengths, w.lengths)
+        # float rounding of the attention over key blocks: stated tolerance 1e-5.
+        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
+      np.testing.assert_array_equal(got[1].cache.lengths, want[1].cache.lengths)
+    self.assertLess(float(np.min(want[1].logprobs)), -0.5)  # not a near-greedy policy
+
   def test_one_trace_per_configuration(self):
     sp = models.SamplingConfig(max_new_tokens=3, temperature=0.9, top_k=4)
     fn = jax.jit(chex.assert_max_traces(models.generate.__wrapped__, n=1),
@@ -242,7 +266,7 @@ class SamplingTest(parameterized.TestCase):
       ("temperature", 0.0), ("top_p", 0.0), ("top_k", -1), ("max_new_tokens", 0),
       ("stop_sequences", ((),)),
       ("stop_strings", ("",)),
-      ("stop_strings", "</answer>"))
+      ("stop_strings", "</answer>"), ("prefill_chunk", -1), ("prefill_chunk", True))
   def test_invalid_sampling_config(self, field, value):
     with self.assertRaisesRegex(ValueError, f"SamplingConfig.{field}="):
       models.SamplingConfig(**{field: value})

@@ -166,6 +166,44 @@ class TransformerTest(chex.TestCase):
     self.assertEqual(got.dtype, jnp.float32)
     np.testing.assert_allclose(got, self.full, atol=0.05)
 
+  def test_bfloat16_weights_under_float32_compute_are_exact(self):
+    # Weights stored in bfloat16 enter the layer loop as their bits and are
+    # cast per layer: the values equal those of the same (rounded) weights
+    # stored in float32, bit for bit, with and without a cache.
+    half = CFG.replace(param_dtype="bfloat16")
+    p16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), self.params)
+    p32 = jax.tree.map(lambda x: x.astype(jnp.float32), p16)
+    pos = jnp.broadcast_to(jnp.arange(T), (B, T))
+    for cache in (None, models.init_cache(CFG, B, S)):
+      fwd = jax.jit(lambda p, c, cfg: models.apply(p, self.tokens, pos, c, config=cfg)[0],
+                    static_argnums=2)
+      want = np.asarray(fwd(p32, cache, CFG))
+      np.testing.assert_array_equal(fwd(p16, cache, half), want)
+      self.assertGreater(np.max(np.abs(want - self.full)), 1e-4)  # the rounding shows
+
+  def test_bfloat16_cache_writes_equal_a_float32_cache_rounded(self):
+    # A 16-bit cache is written layer by layer; the first layer's keys and
+    # values must be the float32 cache's, rounded, slot for slot (ragged
+    # prefill, then a decode step; writes past S dropped).
+    half = CFG.replace(cache_dtype="bfloat16")
+    n1 = jnp.asarray([3, 7, 5])
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def run(cfg):
+      cache = models.init_cache(cfg, B, 9)
+      for toks, n in ((self.tokens[:, :7], n1), (self.tokens[:, 7:9], None),
+                      (self.tokens[:, 9:10], None)):
+        pos = cache.lengths[:, None] + jnp.arange(toks.shape[1])[None]
+        _, cache = models.apply(self.params, toks, pos, cache, config=cfg, num_tokens=n)
+      return cache
+
+    want, got = run(CFG), run(half)
+    self.assertEqual(got.k.dtype, jnp.bfloat16)
+    np.testing.assert_array_equal(got.lengths, [6, 10, 8])
+    np.testing.assert_array_equal(got.k[0], want.k[0].astype(jnp.bfloat16))
+    np.testing.assert_array_equal(got.v[0], want.v[0].astype(jnp.bfloat16))
+    self.assertGreater(float(jnp.max(jnp.abs(want.k[0]))), 0.01)
+
   def test_sharded_params_and_cache(self):
     mesh = jax.make_mesh((2, 4), ("data", "model"),
                          axis_types=(jax.sharding.AxisType.Auto,) * 2)

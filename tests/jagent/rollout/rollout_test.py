@@ -16,6 +16,7 @@ device. They must agree token for token.
 """
 
 import ast
+import dataclasses
 import pathlib
 
 from absl.testing import absltest
@@ -277,6 +278,18 @@ class RolloutPropertiesTest(parameterized.TestCase):
       np.testing.assert_array_equal(getattr(again, f), getattr(self.traj, f), err_msg=f)
     other = self.fn(self.params, jax.random.key(8))
     self.assertFalse(np.array_equal(other.tokens, self.traj.tokens))
+
+  def test_chunked_prefill_same_trajectories(self):
+    # Prompts prefilled 16 tokens at a time (the first prompt and every
+    # turn's): the same tokens, log-probs within float rounding (1e-5).
+    config = dataclasses.replace(self.config, prefill_chunk=16)
+    self.assertEqual(config.sampling().prefill_chunk, 16)
+    got = rollout.make_rollout(self.text_env, MICRO, config)(self.params, jax.random.key(7))
+    for f in FIELDS:
+      np.testing.assert_array_equal(getattr(got, f), getattr(self.traj, f), err_msg=f)
+    np.testing.assert_allclose(got.logprobs, self.traj.logprobs, atol=1e-5)
+    with self.assertRaisesRegex(ValueError, "SamplingConfig.prefill_chunk=-1"):
+      rollout.RolloutConfig(prefill_chunk=-1)
 
   def test_reset_keys_fix_initial_states(self):
     keys = jax.random.split(jax.random.key(3), 3)
