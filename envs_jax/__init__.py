@@ -53,6 +53,7 @@ from envs_jax._src.sokoban import levels_from_ascii as sokoban_levels_from_ascii
 from envs_jax._src.sokoban import Sokoban
 from envs_jax._src.sokoban import SokobanParams
 from envs_jax._src.sokoban import SokobanState
+from envs_jax._src.sokoban_solver import MAX_NODES as SOKOBAN_MAX_NODES
 from envs_jax._src.sokoban_solver import PlanCache
 from envs_jax._src.sokoban_solver import solve_sokoban
 from envs_jax._src.sokoban_solver import solve_sokoban_batch
@@ -120,6 +121,7 @@ __all__ = (
     "SokobanParams",
     "SokobanSolution",
     "SokobanState",
+    "SOKOBAN_MAX_NODES",
     "sokoban_levels_from_ascii",
     "PlanCache",
     "solve_sokoban",

@@ -211,10 +211,14 @@ class Experiment:
   def demonstrations(self):
     """Expert demonstrations (one Trajectory) for SFT; levels disjoint from eval."""
     c = self.config
+    # config.sft.expert_<name> sets the game's expert option <name>; the config
+    # template holds Sokoban's for every game, so the game gets the ones its
+    # expert takes (env.expert_defaults) and its defaults for the rest.
+    options = {k[len("expert_"):]: v for k, v in c.sft.items() if k.startswith("expert_")}
     expert = rollout.make_expert(
         self.env, think=self.prompt.think, actions_per_turn=c.sft.actions_per_turn,
-        policy=c.sft.expert, seed=c.seed, max_nodes=c.sft.expert_max_nodes,
-        reuse_plans=c.sft.expert_reuse_plans)
+        policy=c.sft.expert, seed=c.seed,
+        **{k: v for k, v in options.items() if k in self.env.expert_defaults})
     rc = rollout.RolloutConfig(
         num_groups=c.sft.num_demos, group_size=1, max_turns=self.rollout_config.max_turns,
         max_tokens_per_turn=self.rollout_config.max_tokens_per_turn,

@@ -330,6 +330,7 @@ _SURFACES["envs_jax"] = [
     "RubiksCube",
     "RubiksCubeParams",
     "RubiksCubeState",
+    "SOKOBAN_MAX_NODES",
     "Sokoban",
     "SokobanGenerationInfo",
     "SokobanGeneratorConfig",

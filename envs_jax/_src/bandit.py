@@ -167,8 +167,13 @@ class Bandit(environment.Environment[BanditState, BanditParams]):
   instructions = "You play a two-armed bandit game and pull one arm."
 
   def expert_answers(self, states, params, *, actions_per_turn=1, **options):
-    """The high arm's name for every state (the expert knows the payouts)."""
-    del params, actions_per_turn, options
+    """The high arm's name for every state (the expert knows the payouts).
+
+    Raises:
+      ValueError: any option (this expert has no settings; :meth:`expert_options`).
+    """
+    del params, actions_per_turn
+    self.expert_options(options)
     return [self.high_name] * len(states)
 
   @property

@@ -814,12 +814,16 @@ class Countdown(environment.Environment[CountdownState, CountdownParams]):
       states: unbatched :class:`CountdownState` s with numpy leaves.
       params: their params (unused).
       actions_per_turn: unused (one answer per episode).
-      **options: other games' solver settings (ignored).
+      **options: none (this expert has no settings; any is refused).
 
     Returns:
       One expression per state.
+
+    Raises:
+      ValueError: any option (:meth:`expert_options`).
     """
-    del params, actions_per_turn, options
+    del params, actions_per_turn
+    self.expert_options(options)
     out = []
     for s in states:
       nums = [int(x) for x in np.asarray(s.numbers)[:int(s.count)]]

@@ -33,7 +33,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
-from typing import Any, Generic, Sequence, TypeVar
+import types
+from typing import Any, Generic, Mapping, Sequence, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -77,7 +78,8 @@ class Environment(abc.ABC, Generic[EnvState, EnvParams]):
   :meth:`step_env`, :meth:`observation` and :meth:`render_symbols`, and set the
   class/instance attributes ``symbols`` and ``action_names``. A game that
   agents train on also sets :attr:`instructions` and ``agent_defaults`` and,
-  for SFT demonstrations, implements :meth:`expert_answers`.
+  for SFT demonstrations, implements :meth:`expert_answers` (its own solver
+  settings named in ``expert_defaults`` and checked by :meth:`expert_options`).
 
   Attributes:
     symbols: tuple of str. ``symbols[i]`` is the text of symbol id ``i``;
@@ -89,12 +91,16 @@ class Environment(abc.ABC, Generic[EnvState, EnvParams]):
     agent_defaults: the :class:`AgentDefaults` configs start from; None:
       a config must set the budgets itself.
     expert_think_text: the reasoning text of the expert's think-mode replies.
+    expert_defaults: the settings this game's expert takes (keyword options
+      of :meth:`expert_answers`, e.g. Sokoban's ``max_nodes``) and their
+      defaults; empty for an expert without settings.
   """
 
   symbols: tuple[str, ...] = (PAD_SYMBOL,)
   action_names: tuple[str, ...] = ()
   agent_defaults: AgentDefaults | None = None
   expert_think_text: str = "I follow the expert's plan."
+  expert_defaults: Mapping[str, Any] = types.MappingProxyType({})
 
   # ----------------------------------------------------------------- params
   @property
@@ -227,6 +233,31 @@ class Environment(abc.ABC, Generic[EnvState, EnvParams]):
     return None
 
   # ---------------------------------------------------------------- expert
+  def expert_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+    """This game's expert settings: ``options`` checked, over :attr:`expert_defaults`.
+
+    :meth:`expert_answers` starts with it, and ``jagent.rollout.make_expert``
+    calls it before any episode, so a setting the game's expert does not
+    take is refused instead of ignored. A game whose settings have a range
+    overrides it (calling this first) to check the values.
+
+    Args:
+      options: setting name -> value; names not given take their default.
+
+    Returns:
+      Every setting of :attr:`expert_defaults`, ``options`` over the defaults.
+
+    Raises:
+      ValueError: naming the game and each option its expert does not take
+        (and those it takes); an override also raises on a bad value.
+    """
+    unknown = sorted(set(options) - set(self.expert_defaults))
+    if unknown:
+      takes = ", ".join(sorted(self.expert_defaults)) or "none"
+      raise ValueError(f"{self.name}: unknown expert option {', '.join(map(repr, unknown))} "
+                       f"({self.name}'s expert takes: {takes})")
+    return {**self.expert_defaults, **options}
+
   def expert_answers(self, states: Sequence[EnvState], params: Sequence[EnvParams],
                      *, actions_per_turn: int = 1, **options: Any) -> list[str]:
     """The scripted expert's answer text for each of several states (host side).
@@ -240,14 +271,15 @@ class Environment(abc.ABC, Generic[EnvState, EnvParams]):
       params: the ``EnvParams`` of each state's episode (None where the
         caller has none; games whose expert reads params require them).
       actions_per_turn: actions per answer, at most.
-      **options: solver settings by name (e.g. ``max_nodes``); an env
-        ignores those it does not use, so one call serves every game.
+      **options: the game's own solver settings by name (its
+        :attr:`expert_defaults`; checked by :meth:`expert_options`).
 
     Returns:
       One answer text per state.
 
     Raises:
       NotImplementedError: for an environment without an expert.
+      ValueError: an option the game's expert does not take, or a bad value.
     """
     raise NotImplementedError(f"{self.name} has no expert")
 

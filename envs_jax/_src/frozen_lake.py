@@ -15,6 +15,8 @@ RAGEN-2's ``success_rate=0.8`` is ``params.replace(success_rate=0.8)``.
 
 from __future__ import annotations
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,6 +32,9 @@ from envs_jax._src.frozen_lake_rules import DELTAS
 from envs_jax._src.frozen_lake_rules import FROZEN
 from envs_jax._src.frozen_lake_rules import GOAL
 from envs_jax._src.frozen_lake_rules import HOLE
+
+# The expert's answer policies (expert_answers' frozen_lake_policy).
+_EXPERT_POLICIES = ("shortest", "max_success")
 
 # Observation codes (RAGEN's grid lookup), and the symbol of each (id = code+1).
 _OBS_TEXT = ("P", "_", "O", "G", "X", "√")
@@ -211,8 +216,21 @@ class FrozenLake(environment.Environment[FrozenLakeState, FrozenLakeParams]):
             "hole. The ice may be slippery: a move can slide you sideways instead.\n"
             f"{self.legend}\n{environment.actions_sentence(self.action_names)}")
 
-  def expert_answers(self, states, params, *, actions_per_turn=1,
-                     frozen_lake_policy="shortest", gamma=0.9, **options):
+  # The expert's settings (see expert_answers).
+  expert_defaults = types.MappingProxyType({"frozen_lake_policy": "shortest", "gamma": 0.9})
+
+  def expert_options(self, options):
+    """:meth:`envs_jax.Environment.expert_options`; checks the policy name and ``gamma``."""
+    opts = super().expert_options(options)
+    if opts["frozen_lake_policy"] not in _EXPERT_POLICIES:
+      raise ValueError(f"FrozenLake: frozen_lake_policy={opts['frozen_lake_policy']!r}; use "
+                       f"one of {_EXPERT_POLICIES}")
+    gamma = opts["gamma"]
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 < gamma < 1.0:
+      raise ValueError(f"FrozenLake: gamma={gamma!r} must be in (0, 1)")
+    return dict(opts, gamma=float(gamma))
+
+  def expert_answers(self, states, params, *, actions_per_turn=1, **options):
     """Replans from each state (host side; see ``jagent.rollout.make_expert``).
 
     Args:
@@ -220,25 +238,27 @@ class FrozenLake(environment.Environment[FrozenLakeState, FrozenLakeParams]):
       params: their :class:`FrozenLakeParams` (``success_rate`` is read by
         ``"max_success"``).
       actions_per_turn: moves per answer.
-      frozen_lake_policy: ``"shortest"``: the first moves of a shortest
-        hole-free path, slips ignored (RAGEN's BFS demonstrations; the first
-        action when there is none); ``"max_success"``: open-loop actions
-        maximising the discounted probability of reaching the goal under
-        ``success_rate`` (value iteration), for the belief over positions
-        after the earlier ones.
-      gamma: the discount of ``"max_success"``, in (0, 1).
-      **options: other games' solver settings (ignored).
+      **options: ``frozen_lake_policy`` (default ``"shortest"``): the first
+        moves of a shortest hole-free path, slips ignored (RAGEN's BFS
+        demonstrations; the first action when there is none); or
+        ``"max_success"``: open-loop actions maximising the discounted
+        probability of reaching the goal under ``success_rate`` (value
+        iteration on the map), later actions of an answer for the belief
+        over positions after the earlier ones. A shortest path on
+        deterministic ice; on slippery 4x4 ice with 5 turns x 2 actions it
+        succeeds about 48% of episodes where ``"shortest"`` succeeds 36%
+        (and random actions 21%). ``gamma`` (default 0.9): the discount of
+        ``"max_success"``, in (0, 1); smaller prefers shorter routes.
 
     Returns:
       Action names joined by ``" || "``, one text per state.
 
     Raises:
-      ValueError: an unknown ``frozen_lake_policy``.
+      ValueError: another option, an unknown ``frozen_lake_policy`` or
+        ``gamma`` outside (0, 1) (:meth:`expert_options`).
     """
-    del options
-    if frozen_lake_policy not in ("shortest", "max_success"):
-      raise ValueError(f"FrozenLake: frozen_lake_policy={frozen_lake_policy!r}; use "
-                       "'shortest' or 'max_success'")
+    opts = self.expert_options(options)
+    frozen_lake_policy, gamma = opts["frozen_lake_policy"], opts["gamma"]
     out = []
     for s, p in zip(states, params):
       tiles, player = np.asarray(s.tiles, np.int8), np.asarray(s.player)

@@ -321,12 +321,16 @@ class Game2048(environment.Environment[Game2048State, Game2048Params]):
       states: unbatched :class:`Game2048State` s with numpy leaves.
       params: their params (unused).
       actions_per_turn: moves per answer.
-      **options: other games' solver settings (ignored).
+      **options: none (this expert has no settings; any is refused).
 
     Returns:
       Action names joined by ``" || "``, one text per state.
+
+    Raises:
+      ValueError: any option (:meth:`expert_options`).
     """
-    del params, options
+    del params
+    self.expert_options(options)
     if not states:
       return []
     boards = np.stack([np.asarray(s.board, np.int32) for s in states])

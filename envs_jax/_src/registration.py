@@ -1,4 +1,5 @@
-"""Name -> environment registry: ``make``, ``register``, ``unregister``, ``registered``, ``agent_defaults``.
+"""Name -> environment registry: ``make``, ``register``, ``unregister``, ``registered``,
+``agent_defaults``.
 
 IDs follow ``Name-vN`` and are part of the public contract: a registered name
 is never overwritten or silently redefined.

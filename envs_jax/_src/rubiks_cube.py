@@ -25,6 +25,8 @@ so RAGEN's B-scrambled cubes are not real cube states; we do not copy that.
 
 from __future__ import annotations
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -189,27 +191,38 @@ class RubiksCube(environment.Environment[RubiksCubeState, RubiksCubeParams]):
             "quarter turn clockwise as seen looking at the face; a letter with ' turns it "
             f"counter-clockwise.\n{environment.actions_sentence(self.action_names)}")
 
-  def expert_answers(self, states, params, *, actions_per_turn=1, cube_max_depth=10,
-                     **options):
+  # The expert's one setting: the solver's depth bound (see expert_answers).
+  expert_defaults = types.MappingProxyType({"cube_max_depth": 10})
+
+  def expert_options(self, options):
+    """:meth:`envs_jax.Environment.expert_options`; ``cube_max_depth`` an int in [0, 14]."""
+    opts = super().expert_options(options)
+    checks.check_int("RubiksCube", "cube_max_depth", opts["cube_max_depth"], 0, 14)
+    return opts
+
+  def expert_answers(self, states, params, *, actions_per_turn=1, **options):
     """The first moves of a fewest-moves solution of each state (host side).
 
     Args:
       states: unbatched :class:`RubiksCubeState` s with numpy leaves.
       params: their params (unused: the solution does not depend on them).
       actions_per_turn: moves per answer.
-      cube_max_depth: the solver's depth bound (see
-        :func:`envs_jax.solve_rubiks_cube`); a cube it cannot solve within it,
-        or a solved one, gets the first action name (valid, arbitrary).
-      **options: other games' solver settings (ignored).
+      **options: ``cube_max_depth`` (default 10), the solver's depth bound
+        (see :func:`envs_jax.solve_rubiks_cube`); a cube it cannot solve
+        within it, or a solved one, gets the first action name (valid,
+        arbitrary).
 
     Returns:
       Action names joined by ``" || "``, one text per state.
+
+    Raises:
+      ValueError: another option, or a bad value (:meth:`expert_options`).
     """
-    del params, options
+    del params
+    max_depth = self.expert_options(options)["cube_max_depth"]
     out = []
     for s in states:
-      path = rubiks_cube_solver.solve_rubiks_cube(np.asarray(s.stickers),
-                                                  max_depth=cube_max_depth)
+      path = rubiks_cube_solver.solve_rubiks_cube(np.asarray(s.stickers), max_depth=max_depth)
       path = path[:actions_per_turn] if path else (0,)
       out.append(" || ".join(self.action_names[a] for a in path))
     return out

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 from typing import Any
 
 import jax
@@ -768,8 +769,19 @@ class Sokoban(environment.Environment[SokobanState, SokobanParams]):
             f"into a wall or another box.\n{self.legend}\n"
             f"{environment.actions_sentence(self.action_names)}")
 
-  def expert_answers(self, states, params, *, actions_per_turn=1, max_nodes=1_000_000,
-                     reuse_plans=False, **options):
+  # The expert's settings (see expert_answers).
+  expert_defaults = types.MappingProxyType(
+      {"max_nodes": sokoban_solver.MAX_NODES, "reuse_plans": False})
+
+  def expert_options(self, options):
+    """:meth:`envs_jax.Environment.expert_options`; ``max_nodes`` >= 1, ``reuse_plans`` a bool."""
+    opts = super().expert_options(options)
+    checks.check_int("Sokoban", "max_nodes", opts["max_nodes"], 1)
+    if not isinstance(opts["reuse_plans"], bool):
+      raise ValueError(f"Sokoban: reuse_plans must be a bool, got {opts['reuse_plans']!r}")
+    return opts
+
+  def expert_answers(self, states, params, *, actions_per_turn=1, **options):
     """The first moves of a fewest-moves solution of each state (host side).
 
     States of one shape and box count are solved together by
@@ -781,16 +793,21 @@ class Sokoban(environment.Environment[SokobanState, SokobanParams]):
       states: unbatched :class:`SokobanState` s with numpy leaves.
       params: their params (unused: moves do not depend on rewards).
       actions_per_turn: moves per answer.
-      max_nodes: the per-level BFS node cap.
-      reuse_plans: answer from plans found on earlier turns when the state
-        lies on one (:class:`envs_jax.PlanCache`: one search an episode, not
-        one a turn; ties between equally short plans may break differently).
-      **options: other games' solver settings (ignored).
+      **options: ``max_nodes`` (default ``envs_jax.SOKOBAN_MAX_NODES``), the
+        per-level BFS node cap; ``reuse_plans`` (default
+        False): answer from plans found on earlier turns when the state lies
+        on one (:class:`envs_jax.PlanCache`: one search an episode, not one
+        a turn; ties between equally short plans may break differently).
 
     Returns:
       Action names joined by ``" || "``, one text per state.
+
+    Raises:
+      ValueError: another option, or a bad value (:meth:`expert_options`).
     """
-    del params, options
+    del params
+    opts = self.expert_options(options)
+    max_nodes, reuse_plans = opts["max_nodes"], opts["reuse_plans"]
     out = [self.action_names[0]] * len(states)
     groups: dict[tuple, list[int]] = {}
     for i, s in enumerate(states):

@@ -26,6 +26,10 @@ WALL = 0
 TARGET = 2
 _DELTAS = ((-1, 0), (1, 0), (0, -1), (0, 1))  # Up, Down, Left, Right
 
+# The default per-level node cap of a search (distinct states visited; RAGEN's
+# BFS has none). A few Boxoban levels need 2-5M states.
+MAX_NODES = 1_000_000
+
 SOLVED = "solved"
 UNSOLVABLE = "unsolvable"
 CAPPED = "capped"
@@ -104,7 +108,7 @@ def solve_sokoban_batch(
     boxes: np.ndarray,
     player: np.ndarray,
     *,
-    max_nodes: int = 1_000_000,
+    max_nodes: int = MAX_NODES,
     max_depth: int | None = None,
     dense: bool | None = None,
 ) -> list[SokobanSolution]:
@@ -376,7 +380,7 @@ class PlanCache:
             + np.asarray(boxes, np.bool_).tobytes() + np.asarray(player, np.int64).tobytes())
 
   def solve(self, fixed: np.ndarray, boxes: np.ndarray, player: np.ndarray, *,
-            max_nodes: int = 1_000_000) -> list[SokobanSolution]:
+            max_nodes: int = MAX_NODES) -> list[SokobanSolution]:
     """:func:`solve_sokoban_batch` of the levels the cache cannot answer.
 
     Args and errors as :func:`solve_sokoban_batch` (``fixed`` [N, H, W],

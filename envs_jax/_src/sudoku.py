@@ -356,12 +356,16 @@ class Sudoku(environment.Environment[SudokuState, SudokuParams]):
       states: unbatched :class:`SudokuState` s with numpy leaves.
       params: their params (unused).
       actions_per_turn: unused (one move an answer).
-      **options: other games' solver settings (ignored).
+      **options: none (this expert has no settings; any is refused).
 
     Returns:
       One answer text per state.
+
+    Raises:
+      ValueError: any option (:meth:`expert_options`).
     """
-    del params, actions_per_turn, options
+    del params, actions_per_turn
+    self.expert_options(options)
     from envs_jax._src import sudoku_solver  # pylint: disable=g-import-not-at-top
     out = []
     for s in states:

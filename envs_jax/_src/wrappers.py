@@ -54,6 +54,13 @@ class Wrapper(environment.Environment):
   def expert_think_text(self) -> str:  # type: ignore[override]
     return self.env.expert_think_text
 
+  @property
+  def expert_defaults(self):  # type: ignore[override]
+    return self.env.expert_defaults
+
+  def expert_options(self, options):
+    return self.env.expert_options(options)
+
   def expert_answers(self, states, params, **kwargs):
     return self.env.expert_answers(states, params, **kwargs)
 

@@ -5,8 +5,8 @@ r"""The TRL side of ``experiments.benchmarks.peer_rl`` (runs in the TRL virtuale
 Not imported by jagent, and it imports nothing of jagent's; of this
 repository only ``experiments.benchmarks.rss``, which needs the standard
 library alone (the TRL virtualenv has PyTorch, not JAX):
-``python -m experiments.benchmarks.peer_rl --setup`` creates it with pinned ``torch`` (CPU), ``trl`` and
-``transformers`` (``peer_rl.TRL_REQUIREMENTS``). The spec, written by
+``python -m experiments.benchmarks.peer_rl --setup`` creates it with pinned
+``torch`` (CPU), ``trl`` and ``transformers`` (``peer_rl.TRL_REQUIREMENTS``). The spec, written by
 ``peer_rl``, holds:
 
 - ``checkpoint``: a Hugging Face directory with the policy's initial weights

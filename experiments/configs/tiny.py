@@ -120,6 +120,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # turns in a bounded window (64 turns ~ the 16 episodes of the full history).
   # expert: "solver" (BFS demonstrations) or "random" (random actions: teaches
   # the reply format only, e.g. for Bandit, whose solver would give the answer).
+  # expert_<name>: the game's expert option <name> (envs_jax's
+  # Environment.expert_defaults), given to games whose expert takes it.
   # expert_max_nodes: the solver's per-level search cap (Sokoban's BFS states);
   # a capped search replies an arbitrary move, so levels harder than the cap
   # (a few Boxoban ones need 2-5M states) teach noise. expert_reuse_plans:
@@ -127,7 +129,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # one search an episode, not ~30; equally short plans, ties may differ).
   c.sft = ml_collections.ConfigDict(dict(
       expert="solver", num_demos=128, steps=800, batch_size=64, learning_rate=1e-3,
-      warmup_steps=20, actions_per_turn=1, expert_max_nodes=1_000_000,
+      warmup_steps=20, actions_per_turn=1, expert_max_nodes=envs_jax.SOKOBAN_MAX_NODES,
       expert_reuse_plans=False))
 
   # The uncertainty filter (top groups by in-group score std) is StarPO-S's;

@@ -58,7 +58,8 @@ class _GameExpert:
   Attributes:
     env: the environment whose answer hooks are called.
     think, think_text, actions_per_turn: see :func:`make_expert`.
-    options: solver settings passed to ``env.expert_answers``.
+    options: the game's expert settings passed to ``env.expert_answers``
+      (checked by ``env.expert_options``).
     rng: None: the game's solver; a generator: its random answers.
   """
 
@@ -91,10 +92,8 @@ class _GameExpert:
 
 
 def make_expert(env, *, think: bool, actions_per_turn: int = 1,
-                think_text: str | None = None, max_nodes: int = 1_000_000,
-                frozen_lake_policy: str = "shortest", gamma: float = 0.9,
-                policy: str = "solver", seed: int = 0,
-                reuse_plans: bool = False) -> _host.Expert:
+                think_text: str | None = None, policy: str = "solver", seed: int = 0,
+                **options: Any) -> _host.Expert:
   """The scripted :class:`Expert` of a game (see the module docstring).
 
   Args:
@@ -107,26 +106,15 @@ def make_expert(env, *, think: bool, actions_per_turn: int = 1,
     actions_per_turn: moves per reply in multi-action games (at most the
       prompt's ``max_actions_per_turn``, or the parser drops the rest).
     think_text: the reasoning text (default the env's ``expert_think_text``).
-    max_nodes: Sokoban's per-level BFS node cap (a capped search replies
-      with the first action name).
-    frozen_lake_policy: ``"shortest"`` (RAGEN's BFS demonstrations: a
-      shortest hole-free path, slips ignored) or ``"max_success"``: the
-      action maximising the discounted probability of reaching the goal
-      under the row's ``success_rate`` (value iteration on the map; later
-      actions of a reply maximise it for the belief over positions after
-      the earlier ones). A shortest path on deterministic ice; on slippery
-      4x4 ice with 5 turns x 2 actions it succeeds about 48% of episodes
-      where "shortest" succeeds 36% (and random actions 21%).
-    gamma: the discount of ``"max_success"`` (in (0, 1); smaller prefers
-      shorter routes).
     policy: ``"solver"`` (the game's expert) or ``"random"``: the game's
       uniformly random answers (``actions_per_turn`` actions per reply;
       Countdown: the numbers shuffled, joined by random ``+``/``-``), i.e.
       demonstrations of the reply format only.
     seed: seed of the ``"random"`` policy's numpy generator.
-    reuse_plans: Sokoban: follow the plan of an earlier turn's search while
-      the state lies on it (``envs_jax.PlanCache``; one search an episode
-      instead of one a turn; equally short, ties may differ).
+    **options: the game's own expert settings, passed to its
+      ``expert_answers`` every turn: the names and defaults of
+      ``env.expert_defaults`` (e.g. Sokoban's search cap ``max_nodes``),
+      checked here by ``env.expert_options``.
 
   Returns:
     An :class:`Expert`: ``expert(rows, envs, states) -> list[str]``.
@@ -134,22 +122,16 @@ def make_expert(env, *, think: bool, actions_per_turn: int = 1,
   Raises:
     ValueError: an environment without an expert (not an ``envs_jax``
       environment, or one that does not implement ``expert_answers`` for the
-      solver policy), a non-bool ``think``, ``actions_per_turn`` or
-      ``max_nodes`` not an int >= 1, a think text containing ``</think>``,
-      an unknown ``frozen_lake_policy`` or ``gamma`` outside (0, 1), an
-      unknown ``policy``.
+      solver policy), a non-bool ``think``, ``actions_per_turn`` not an
+      int >= 1, a think text containing ``</think>``, an unknown ``policy``,
+      or (from the game, naming it) an option its expert does not take or a
+      bad value of one.
   """
   if policy not in EXPERT_POLICIES:
     raise ValueError(f"make_expert: policy={policy!r}; use one of {EXPERT_POLICIES}")
   if not isinstance(think, bool):
     raise ValueError(f"make_expert: think must be a bool, got {think!r}")
-  for name, v in (("actions_per_turn", actions_per_turn), ("max_nodes", max_nodes)):
-    checks.check_int(f"make_expert: {name}", v, 1)
-  if frozen_lake_policy not in ("shortest", "max_success"):
-    raise ValueError(f"make_expert: frozen_lake_policy={frozen_lake_policy!r}; use "
-                     "'shortest' or 'max_success'")
-  if not 0.0 < gamma < 1.0:
-    raise ValueError(f"make_expert: gamma={gamma!r} must be in (0, 1)")
+  checks.check_int("make_expert: actions_per_turn", actions_per_turn, 1)
   base = env.unwrapped if hasattr(env, "unwrapped") else env
   if not isinstance(base, _environment.Environment) or (
       policy == "solver"
@@ -157,14 +139,13 @@ def make_expert(env, *, think: bool, actions_per_turn: int = 1,
     raise ValueError(f"make_expert: no expert for environment {base!r}; implement "
                      "Environment.expert_answers, or write an Expert (rows, envs, "
                      "states -> reply texts) for it")
+  options = base.expert_options(options)
   text = env.expert_think_text if think_text is None else think_text
   if "</think>" in text:
     raise ValueError(f"make_expert: think_text {text!r} contains </think>")
   return _GameExpert(
       env=env, think=think, think_text=text, actions_per_turn=actions_per_turn,
-      options=dict(max_nodes=max_nodes, frozen_lake_policy=frozen_lake_policy,
-                   gamma=float(gamma), reuse_plans=bool(reuse_plans)),
-      rng=np.random.default_rng(seed) if policy == "random" else None)
+      options=options, rng=np.random.default_rng(seed) if policy == "random" else None)
 
 
 def demonstrations(

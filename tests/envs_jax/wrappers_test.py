@@ -262,7 +262,8 @@ class RegistryTest(absltest.TestCase):
     envs_jax.unregister("TestCounter-v1")
     envs_jax.register("TestCounter-v1", Counter)  # free again
     envs_jax.unregister("TestCounter-v1")
-    with self.assertRaisesRegex(ValueError, "unknown environment id 'TestCounter-v1'; registered: "):
+    with self.assertRaisesRegex(ValueError,
+                                "unknown environment id 'TestCounter-v1'; registered: "):
       envs_jax.unregister("TestCounter-v1")
     self.assertIn("Sokoban-6x6-1box-v0", envs_jax.registered())  # nothing else removed
 

@@ -297,8 +297,16 @@ class SftAndErrorsTest(absltest.TestCase):
       rollout.make_expert(object(), think=False)
     with self.assertRaisesRegex(ValueError, "think must be a bool"):
       rollout.make_expert(te.env, think="yes")
-    with self.assertRaisesRegex(ValueError, "frozen_lake_policy"):
-      rollout.make_expert(te.env, think=False, frozen_lake_policy="greedy")
+    # The game checks its own options: another game's is refused, naming both.
+    with self.assertRaisesRegex(ValueError, "^Sokoban: unknown expert option 'frozen_lake_policy'"):
+      rollout.make_expert(te.env, think=False, frozen_lake_policy="shortest")
+    with self.assertRaisesRegex(ValueError, "^Sokoban: max_nodes must be an int >= 1, got 0$"):
+      rollout.make_expert(te.env, think=False, max_nodes=0)
+    lake = text_env("FrozenLake-4x4-v0")
+    with self.assertRaisesRegex(ValueError, "^FrozenLake: frozen_lake_policy='greedy'"):
+      rollout.make_expert(lake.env, think=False, frozen_lake_policy="greedy")
+    with self.assertRaisesRegex(ValueError, "^FrozenLake: unknown expert option 'max_nodes'"):
+      rollout.make_expert(lake.env, think=False, policy="random", max_nodes=5)
     with self.assertRaisesRegex(ValueError, "actions_per_turn=3"):
       rollout.demonstrations(te, key=jax.random.key(0), config=config, actions_per_turn=3)
     short = rollout.RolloutConfig(num_groups=2, group_size=1, max_turns=2,
