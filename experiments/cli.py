@@ -46,8 +46,9 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import common
+from experiments import fields
 from experiments import hugepages
+from experiments import spec
 
 DEFAULT_CONFIG = str(pathlib.Path(__file__).parent / "configs" / "tiny.py")
 
@@ -69,7 +70,7 @@ def _load(spec: str):
   path, colon, arg = spec.partition(":")
   module_spec = importlib.util.spec_from_file_location("cli_config", path)
   if module_spec is None or not pathlib.Path(path).is_file():
-    raise common.ConfigError(f"no config file {path!r}")
+    raise fields.ConfigError(f"no config file {path!r}")
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
   return module.get_config(arg) if colon else module.get_config()
@@ -90,8 +91,8 @@ def check_config_argv(argv: Sequence[str], default: str = DEFAULT_CONFIG,
 
   Raises:
     ConfigError: the config file's own (e.g. an unregistered environment in
-      its argument, see :func:`experiments.common.config_arg`) or a field the
-      config lacks (:func:`experiments.common.config_field`: the closest known
+      its argument, see :func:`experiments.fields.config_arg`) or a field the
+      config lacks (:func:`experiments.fields.config_field`: the closest known
       ones), naming the flag as given.
   """
   argv = flags.FLAGS.read_flags_from_files(list(argv), force_gnu=False)
@@ -101,19 +102,19 @@ def check_config_argv(argv: Sequence[str], default: str = DEFAULT_CONFIG,
     return
   try:
     config = _load(spec or default)
-  except common.ConfigError as e:
-    raise common.ConfigError(f"--{name}={spec or default}: {e}") from None
+  except fields.ConfigError as e:
+    raise fields.ConfigError(f"--{name}={spec or default}: {e}") from None
   except Exception:  # pylint: disable=broad-except
     return  # the config file's own bug: ml_collections reports it with its traceback
   for arg in overrides:
     field = arg.split("=", 1)[0].split(".", 1)[1]
     try:
-      common.config_field(config, field)
-    except common.ConfigError as e:
-      raise common.ConfigError(f"{arg}: {e}") from None
+      fields.config_field(config, field)
+    except fields.ConfigError as e:
+      raise fields.ConfigError(f"{arg}: {e}") from None
     if "=" in arg and arg.split("=", 1)[1].strip() in ("None", "none", "null"):
       instead = _NONE_INSTEAD.get(field.rsplit(".", 1)[-1], "set it in a config file")
-      raise common.ConfigError(f"{arg}: a flag cannot set None (ml_collections parses the "
+      raise fields.ConfigError(f"{arg}: a flag cannot set None (ml_collections parses the "
                                f"field's type); instead: {instead}")
 
 
@@ -124,7 +125,7 @@ _NONE_INSTEAD = {"dual_clip": "inf (no dual clip)", "value_clip": "inf (no value
 # What ends a program with one ``error:`` line (exit status 1) instead of a
 # traceback: a bad config, flag or run directory (ConfigError), and the file
 # system's errors (a read-only or full disk, a missing file).
-USER_ERRORS = (common.ConfigError, OSError)
+USER_ERRORS = (fields.ConfigError, OSError)
 
 # The exit status of a run ended by SIGTERM: 128 + the signal's number, as the
 # shell reports a process the signal's default action ended.
@@ -179,7 +180,7 @@ def check_writable(path: str, flag: str) -> None:
   elif not os.access(target, os.W_OK | os.X_OK):
     why = f"{target} is not writable (a read-only file system or no permission)"
   if why:
-    raise common.ConfigError(f"{flag}={path}: cannot write the run there: {why}; pass a "
+    raise fields.ConfigError(f"{flag}={path}: cannot write the run there: {why}; pass a "
                              f"writable {flag}")
 
 
@@ -204,7 +205,7 @@ def define_config_flag(default: str = DEFAULT_CONFIG, *,
   """
   try:
     check_config_argv(sys.argv if argv is None else argv, default)
-  except common.ConfigError as e:
+  except fields.ConfigError as e:
     _exit(e)
   return config_flags.DEFINE_config_file(
       "config", default, "An ml_collections config file (experiments/configs/*.py[:arg]).",

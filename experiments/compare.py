@@ -42,6 +42,7 @@ import numpy as np
 
 from experiments import cli
 from experiments import common
+from experiments import fields
 from experiments import sweep
 from experiments import train as train_job
 from experiments.configs import tiny
@@ -68,16 +69,16 @@ def apply_overrides(config, env: str, overrides: list[str]):
   for item in overrides:
     target, sep, value = item.partition("=")
     if not sep:
-      raise common.ConfigError(f"--set={item!r}: expected [<scope>:]<field>=<value>")
+      raise fields.ConfigError(f"--set={item!r}: expected [<scope>:]<field>=<value>")
     scope, colon, field = target.rpartition(":")
     if colon and scope not in (env, config.algorithm, f"{env},{config.algorithm}"):
       continue
     try:
-      common.config_field(config, field)
-    except common.ConfigError as e:
-      raise common.ConfigError(f"--set={item!r}: {e}") from None
+      fields.config_field(config, field)
+    except fields.ConfigError as e:
+      raise fields.ConfigError(f"--set={item!r}: {e}") from None
     group, _, name = field.rpartition(".")
-    (common.config_field(config, group) if group else config)[name] = _parse_value(value)
+    (fields.config_field(config, group) if group else config)[name] = _parse_value(value)
   return config
 
 

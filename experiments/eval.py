@@ -10,7 +10,7 @@ Reads ``<workdir>/config.json`` (written by ``experiments.train``; the default
 that reads back (its ``TrainState`` params; a damaged newer one is skipped
 with one line naming it and why, and ``checkpoint_step`` says which was
 played), rebuilds the run's
-:class:`experiments.common.Experiment` and plays ``--num_levels`` fixed
+:class:`experiments.experiment.Experiment` and plays ``--num_levels`` fixed
 initial states (PRNG keys split from the run's ``eval.seed``, the same
 held-out levels as the training job's evaluation when the env and level count
 are unchanged) ``--episodes_per_level`` times each, at ``--temperature``
@@ -66,8 +66,11 @@ from absl import flags
 import ml_collections
 
 import envs_jax
+from experiments import blocks
 from experiments import cli
 from experiments import common
+from experiments import experiment
+from experiments import fields
 from experiments import spec
 import jagent
 from jagent import rollout
@@ -167,14 +170,14 @@ def cross_env_config(config: ml_collections.ConfigDict, env: str, *, legend: boo
       ``agent_defaults`` (naming ``--env``).
   """
   if env not in envs_jax.registered():
-    raise common.ConfigError(f"--env={env!r} is not a registered environment; known: "
+    raise fields.ConfigError(f"--env={env!r} is not a registered environment; known: "
                              f"{sorted(envs_jax.registered())}")
   config = ml_collections.ConfigDict(config.to_dict())
   if env == config.env:
     return config, False
   own, target = envs_jax.agent_defaults(config.env), envs_jax.agent_defaults(env)
   if own is None or target is None:
-    raise common.ConfigError(f"--env={env!r}: {env if target is None else config.env} has no "
+    raise fields.ConfigError(f"--env={env!r}: {env if target is None else config.env} has no "
                              "agent_defaults (episode limits) to evaluate with")
   r = config.rollout
   extra = max(0, r.max_tokens_per_turn - own.max_tokens_per_turn)
@@ -195,11 +198,11 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
       (naming the path).
   """
   if not workdir or not os.path.isdir(workdir):
-    raise common.ConfigError(f"--workdir={workdir!r} is not a directory (a run directory of "
+    raise fields.ConfigError(f"--workdir={workdir!r} is not a directory (a run directory of "
                              "experiments.train is needed).")
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.isfile(path):
-    raise common.ConfigError(f"{path} does not exist: {workdir!r} is not a run directory of "
+    raise fields.ConfigError(f"{path} does not exist: {workdir!r} is not a run directory of "
                              "experiments.train (it writes config.json first).")
   with open(path) as f:
     return spec.upgrade(ml_collections.ConfigDict(json.load(f)))
@@ -243,9 +246,9 @@ def evaluate_run(workdir: str, *, env: str | None = None, num_levels: int | None
   for name, v in (("num_levels", num_levels), ("group_size", group_size),
                   ("samples", samples)):
     if v is not None:
-      jagent.check_int(f"--{name}", v, 0 if name == "samples" else 1, error=common.ConfigError)
+      jagent.check_int(f"--{name}", v, 0 if name == "samples" else 1, error=fields.ConfigError)
   if temperature is not None and not (temperature > 0 and math.isfinite(temperature)):
-    raise common.ConfigError(f"--temperature={temperature!r} must be a positive finite float")
+    raise fields.ConfigError(f"--temperature={temperature!r} must be a positive finite float")
   train_env = config.env
   config, legend_added = cross_env_config(config, env or train_env, legend=legend)
   if num_levels is not None:
@@ -260,19 +263,19 @@ def evaluate_run(workdir: str, *, env: str | None = None, num_levels: int | None
   # restore onto any sharding, and the run's device count need not be here.
   config.mesh = ""
   try:
-    exp = common.Experiment(config)  # validates (naming config.<field>)
+    exp = experiment.Experiment(config)  # validates (naming config.<field>)
   except ValueError as e:
     if config.env == train_env:
       raise
     hint = " (its prompt included the legend; --nolegend leaves it out)" if legend_added else ""
-    raise common.ConfigError(f"--env={config.env!r} cannot be played by the run in {workdir!r} "
+    raise fields.ConfigError(f"--env={config.env!r} cannot be played by the run in {workdir!r} "
                              f"(trained on {train_env}): {e}{hint}") from e
   c = config
 
   ckpt = exp.checkpointer(workdir)
   try:
     if ckpt.latest_step() is None:
-      raise common.ConfigError(f"no checkpoint in {ckpt.directory}: the run in {workdir!r} has not "
+      raise fields.ConfigError(f"no checkpoint in {ckpt.directory}: the run in {workdir!r} has not "
                                "saved one yet (experiments.train saves after SFT).")
     # The newest checkpoint that reads back (from any mesh); a damaged one is skipped.
     step, state, _, skipped = exp.restore_newest(ckpt, workdir)
@@ -281,7 +284,7 @@ def evaluate_run(workdir: str, *, env: str | None = None, num_levels: int | None
   for line in skipped:
     print(line, flush=True)
 
-  eval_config = common.eval_rollout_config(c, greedy=greedy, group_size=group_size,
+  eval_config = blocks.eval_rollout_config(c, greedy=greedy, group_size=group_size,
                                            context_size=exp.context_size)
   fn = rollout.make_rollout(exp.text_env, exp.model_config, eval_config, exp.env_params)
   # The training job's evaluation keys: same levels, same sampling key.

@@ -25,7 +25,7 @@ https://github.com/luchris429/purejaxrl):
    ``eval.temperature`` and (``eval.greedy``) greedily.
 
 Each run's keys, demonstrations and minibatches are those of
-:class:`experiments.common.Experiment` for its config. With
+:class:`experiments.experiment.Experiment` for its config. With
 ``--batching=map`` (``lax.map`` over the runs inside the same programs) every
 run equals its separate run (:mod:`experiments.train`'s stages) bit for bit.
 With ``vmap`` (the default) the batched operations round differently (~1e-7),
@@ -74,6 +74,9 @@ import numpy as np
 
 from experiments import cli
 from experiments import common
+from experiments import experiment
+from experiments import fields
+from experiments import programs
 from experiments import spec
 import jagent
 from jagent import models
@@ -110,14 +113,14 @@ def parse_sweep(spec: str | None, config) -> tuple[str | None, tuple[float, ...]
     return None, (math.nan,)
   field, sep, text = spec.partition("=")
   if not sep or not text.strip():
-    raise common.ConfigError(f"--sweep={spec!r}: expected <field>=<v1>,<v2>,... "
-                     f"(e.g. rl.learning_rate=1e-4,3e-4)")
+    raise fields.ConfigError(f"--sweep={spec!r}: expected <field>=<v1>,<v2>,... "
+                             f"(e.g. rl.learning_rate=1e-4,3e-4)")
   try:
-    common.config_field(config, field)
-  except common.ConfigError as e:
-    raise common.ConfigError(f"--sweep={spec!r}: {e}") from None
+    fields.config_field(config, field)
+  except fields.ConfigError as e:
+    raise fields.ConfigError(f"--sweep={spec!r}: {e}") from None
   if field not in SWEEPABLE:
-    raise common.ConfigError(
+    raise fields.ConfigError(
         f"--sweep={spec!r}: {field!r} cannot be vmapped: it changes shapes or static "
         f"configuration, so each value is its own program (run them separately, e.g. "
         f"experiments.compare --set); sweepable fields: {SWEEPABLE}")
@@ -126,10 +129,10 @@ def parse_sweep(spec: str | None, config) -> tuple[str | None, tuple[float, ...]
     try:
       v = float(item)
     except ValueError:
-      raise common.ConfigError(f"--sweep={spec!r}: {item!r} is not a float") from None
+      raise fields.ConfigError(f"--sweep={spec!r}: {item!r} is not a float") from None
     if not (v > 0 and math.isfinite(v)):
-      raise common.ConfigError(f"--sweep={spec!r}: {field} must be a positive finite float; "
-                       f"got {item!r}")
+      raise fields.ConfigError(f"--sweep={spec!r}: {field} must be a positive finite float; "
+                               f"got {item!r}")
     values.append(v)
   return field, tuple(values)
 
@@ -157,19 +160,19 @@ def run_configs(config, seeds: int = 1, sweep: str | None = None) -> tuple[str |
   Raises:
     ValueError: a bad ``seeds`` or ``sweep`` (see :func:`parse_sweep`), a
       non-empty ``config.mesh``, a nonzero ``config.rl.empty_stop_steps``, or
-      a bad config (:func:`experiments.common.validate`, naming the field),
+      a bad config (:func:`experiments.spec.validate`, naming the field),
       all before anything compiles.
   """
-  jagent.check_int("--seeds", seeds, 1, error=common.ConfigError)
+  jagent.check_int("--seeds", seeds, 1, error=fields.ConfigError)
   config = spec.upgrade(config)
   if config.mesh:
-    raise common.ConfigError(f"config.mesh={config.mesh!r}: a sweep runs its runs as one program on "
-                     "one device (vmapped); leave config.mesh empty (sharded sweeps are "
-                     "not supported)")
+    raise fields.ConfigError(f"config.mesh={config.mesh!r}: a sweep runs its runs as one program "
+                             "on one device (vmapped); leave config.mesh empty (sharded sweeps "
+                             "are not supported)")
   if config.rl.empty_stop_steps:
-    raise common.ConfigError(f"config.rl.empty_stop_steps={config.rl.empty_stop_steps!r}: a sweep "
-                     "runs rl.steps iterations as one program and cannot stop a run early; "
-                     "set it to 0 (experiments.train stops)")
+    raise fields.ConfigError(f"config.rl.empty_stop_steps={config.rl.empty_stop_steps!r}: a sweep "
+                             "runs rl.steps iterations as one program and cannot stop a run early; "
+                             "set it to 0 (experiments.train stops)")
   field, values = parse_sweep(sweep, config)
   out = []
   for value in values:
@@ -178,7 +181,7 @@ def run_configs(config, seeds: int = 1, sweep: str | None = None) -> tuple[str |
       c.seed = config.seed + i
       if field is not None:
         _set(c, field, value)
-      common.validate(c)
+      spec.validate(c)
       out.append((c.seed, value, c))
   return field, out
 
@@ -199,7 +202,7 @@ def over_runs(fn, batching: str, in_axes: tuple[int | None, ...]):
     ValueError: an unknown ``batching``.
   """
   if batching not in BATCHINGS:
-    raise common.ConfigError(f"--batching={batching!r}: must be one of {BATCHINGS}")
+    raise fields.ConfigError(f"--batching={batching!r}: must be one of {BATCHINGS}")
   if batching == "vmap":
     return jax.vmap(fn, in_axes=in_axes)
 
@@ -258,7 +261,7 @@ def _with_lr(config, which: str, lr):
   return config.replace(**{which: dataclasses.replace(opt, learning_rate=lr)})
 
 
-def sft_program(exp: common.Experiment, field: str | None, batching: str = "vmap"):
+def sft_program(exp: experiment.Experiment, field: str | None, batching: str = "vmap"):
   """The SFT stage of R runs as one program (``jit`` of :func:`over_runs`).
 
   ``(states, frozen, tokens, masks, indices, values) -> (params, metrics)``.
@@ -283,12 +286,12 @@ def sft_program(exp: common.Experiment, field: str | None, batching: str = "vmap
     state, metrics = jax.lax.scan(body, state, indices)
     return state.params, metrics
 
-  key = ("sweep_sft", exp.signature(common.SFT_FIELDS), traced, batching)
-  return common.shared_program(
+  key = ("sweep_sft", exp.signature(programs.SFT_FIELDS), traced, batching)
+  return programs.shared_program(
       key, lambda: jax.jit(over_runs(one, batching, (0, None, 0, 0, 0, 0))))
 
 
-def rl_program(exp: common.Experiment, field: str | None, batching: str = "vmap"):
+def rl_program(exp: experiment.Experiment, field: str | None, batching: str = "vmap"):
   """The RL stage of R runs as one program (``jit`` of :func:`over_runs`).
 
   ``(states, frozen, keys, values) -> (states, metrics)``.
@@ -296,7 +299,7 @@ def rl_program(exp: common.Experiment, field: str | None, batching: str = "vmap"
   ``frozen``: the shared LoRA bases, unbatched, as in :func:`sft_program`.
   Per run (leading axis R): an RL TrainState, its rollout keys ``[steps]``
   and the swept value (an RL learning rate when ``field`` is one, else
-  unused); ``lax.scan`` of :meth:`experiments.common.Experiment.rl_iteration`
+  unused); ``lax.scan`` of :meth:`experiments.experiment.Experiment.rl_iteration`
   over the keys. The metrics are ``jagent.train.rl_iteration``'s, ``[R, steps]``.
   """
   def one(state, frozen, keys, value):
@@ -312,11 +315,11 @@ def rl_program(exp: common.Experiment, field: str | None, batching: str = "vmap"
 
     return jax.lax.scan(body, state, keys)
 
-  return common.shared_program(("sweep_rl", exp.signature(), field, batching),
-                               lambda: jax.jit(over_runs(one, batching, (0, None, 0, 0))))
+  return programs.shared_program(("sweep_rl", exp.signature(), field, batching),
+                                 lambda: jax.jit(over_runs(one, batching, (0, None, 0, 0))))
 
 
-def eval_program(exp: common.Experiment, greedy: bool = False, batching: str = "vmap"):
+def eval_program(exp: experiment.Experiment, greedy: bool = False, batching: str = "vmap"):
   """The evaluation chunk of R runs as one program (``jit`` of :func:`over_runs`).
 
   ``(params, frozen, keys, reset_keys) -> (trajectories, {metric: [R]})``:
@@ -324,16 +327,16 @@ def eval_program(exp: common.Experiment, greedy: bool = False, batching: str = "
   leading run axis of ``params`` and ``keys`` (``frozen``: the shared LoRA
   bases, unbatched, as in :func:`sft_program`; ``reset_keys``, one chunk of
   the fixed levels, shared by the runs); ``jagent.train.evaluate`` runs it
-  over the chunks as :meth:`experiments.common.Experiment.evaluate` does.
+  over the chunks as :meth:`experiments.experiment.Experiment.evaluate` does.
   """
   program = train.eval_program(exp.rollout_fn("eval_greedy" if greedy else "eval_temp"))
 
   def one(params, frozen, keys, reset_keys):
     return program(_join(params, frozen), keys, reset_keys)
 
-  key = ("sweep_eval", exp.signature(common.ROLLOUT_FIELDS), greedy,
+  key = ("sweep_eval", exp.signature(programs.ROLLOUT_FIELDS), greedy,
          exp.config.eval.temperature, batching)
-  return common.shared_program(key, lambda: jax.jit(over_runs(one, batching, (0, None, 0, None))))
+  return programs.shared_program(key, lambda: jax.jit(over_runs(one, batching, (0, None, 0, None))))
 
 
 # ---------------------------------------------------------------------- sweep
@@ -374,7 +377,7 @@ def chunk_steps(config, steps: int | None = None) -> int:
     ConfigError: ``steps`` not None and not an int >= 0.
   """
   if steps is not None:
-    jagent.check_int("--chunk_steps", steps, 0, error=common.ConfigError,
+    jagent.check_int("--chunk_steps", steps, 0, error=fields.ConfigError,
                      why="must be an int >= 0 (0: eval.every, else a tenth of rl.steps)")
   if steps:
     return steps
@@ -485,9 +488,9 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   chunk = chunk_steps(config, chunk)
   say = (lambda line: print(line, flush=True)) if progress else (lambda line: None)
   if batching not in BATCHINGS:
-    raise common.ConfigError(f"--batching={batching!r}: must be one of {BATCHINGS}")
+    raise fields.ConfigError(f"--batching={batching!r}: must be one of {BATCHINGS}")
   field, runs = run_configs(config, seeds, sweep_spec)
-  exps = [common.Experiment(c) for _, _, c in runs]
+  exps = [experiment.Experiment(c) for _, _, c in runs]
   exp = exps[0]
   c = exp.config
   values = jnp.asarray([0.0 if field is None else v for _, v, _ in runs], jnp.float32)

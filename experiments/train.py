@@ -60,6 +60,9 @@ import tqdm
 
 from experiments import cli
 from experiments import common
+from experiments import experiment
+from experiments import fields
+from experiments import stats
 
 _CONFIG = cli.define_config_flag()  # a bad --config ends the program with one line
 _WORKDIR = flags.DEFINE_string(
@@ -118,7 +121,7 @@ def curve_panels(config, held_out_removed: int | None = None) -> tuple:
 
   Args:
     config: the run's config (``experiments/configs/tiny.py``'s fields).
-    held_out_removed: the run's ``common.Experiment.eval_levels_removed``: -1
+    held_out_removed: the run's ``experiment.Experiment.eval_levels_removed``: -1
       when the game has too few distinct levels to hold any out, so the plain
       levels were evaluated (and the run warned); the evaluation panels then
       say "plain levels", as they do without ``eval.held_out``.
@@ -201,7 +204,7 @@ class _NoWriter:
 
 def warn_collapse(config, step: int, metrics: dict, *, progress: bool = True,
                   recent: list[dict] | None = None) -> str | None:
-  """Logs the Echo Trap warning of logged step ``step`` (``common.collapse_alert``), if any.
+  """Logs the Echo Trap warning of logged step ``step`` (``stats.collapse_alert``), if any.
 
   ``recent``: the metrics of the steps since the previous diagnosed step
   (this one's last), whose means the per-step floors compare.
@@ -211,7 +214,7 @@ def warn_collapse(config, step: int, metrics: dict, *, progress: bool = True,
   too); without, it goes to ``logging.warning``. It is returned (None
   without a warning).
   """
-  line = common.collapse_alert(config, step, metrics, recent)
+  line = stats.collapse_alert(config, step, metrics, recent)
   if line and progress:
     tqdm.tqdm.write(line)
     logging.info(line)
@@ -242,15 +245,15 @@ def initialize_distributed(distributed: bool, coordinator_address: str | None = 
                              ("process_id", process_id)) if v is not None}
   if not distributed:
     if given:
-      raise common.ConfigError(f"--{next(iter(given))}={next(iter(given.values()))!r} needs "
-                       "--distributed.")
+      raise fields.ConfigError(f"--{next(iter(given))}={next(iter(given.values()))!r} needs "
+                               "--distributed.")
     return
   if num_processes is not None and num_processes < 1:
-    raise common.ConfigError(f"--num_processes={num_processes!r} must be >= 1.")
+    raise fields.ConfigError(f"--num_processes={num_processes!r} must be >= 1.")
   if process_id is not None and (process_id < 0 or (
       num_processes is not None and process_id >= num_processes)):
-    raise common.ConfigError(f"--process_id={process_id!r} must be in [0, --num_processes="
-                     f"{num_processes}).")
+    raise fields.ConfigError(f"--process_id={process_id!r} must be in [0, --num_processes="
+                             f"{num_processes}).")
   jax.distributed.initialize(coordinator_address=coordinator_address,
                              num_processes=num_processes, process_id=process_id)
   logging.info("process %d of %d, %d local of %d devices", jax.process_index(),
@@ -278,7 +281,7 @@ def evaluation_line(config, label: str, step: int, metrics: dict) -> str:
     step: the RL step of the evaluation (0 after SFT).
     metrics: ``success`` and ``success_ci95`` (and, with a greedy
       evaluation, ``greedy_success`` and ``greedy_success_ci95``), as
-      :meth:`experiments.common.Experiment.evaluate_all` returns them.
+      :meth:`experiments.experiment.Experiment.evaluate_all` returns them.
   """
   def rate(key):
     lo, hi = metrics[f"{key}_ci95"]
@@ -346,7 +349,7 @@ def check_resumable(config, workdir: str) -> None:
   if diffs:
     shown = ", ".join(f"config.{k}: {old[k]!r} -> {new[k]!r}" for k in diffs[:8])
     more = f" and {len(diffs) - 8} more" if len(diffs) > 8 else ""
-    raise common.ConfigError(
+    raise fields.ConfigError(
         f"--workdir={workdir} holds checkpoints of another config ({shown}{more}); a run "
         f"resumes only under the config that wrote it (up to {', '.join(RESUMABLE_CHANGES)}). "
         "Pass a new --workdir, or delete that one to start over.")
@@ -376,7 +379,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   """
   from jagent import train  # pylint: disable=g-import-not-at-top
   t_start = time.time()
-  exp = common.Experiment(config)  # validates the whole config first
+  exp = experiment.Experiment(config)  # validates the whole config first
   config = exp.config  # upgraded (experiments.spec.upgrade)
   primary = exp.is_primary
   os.makedirs(workdir, exist_ok=True)
@@ -454,7 +457,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
       writer.write(step + 1, m)
       if every:
         recent.append(m)
-        if common.diagnostics_due(step, every):  # a diagnosed step: the window ends here
+        if stats.diagnostics_due(step, every):  # a diagnosed step: the window ends here
           warn_collapse(config, step + 1, m, progress=progress, recent=recent)
           recent = []
           mi = m.get("collapse/mutual_info", math.nan)

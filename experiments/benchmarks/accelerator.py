@@ -15,7 +15,7 @@ exits 1):
   weights, 8 groups x 16 rollouts of 5 think-mode turns, a critic model) with
   the shipped tiny tokenizer and ChatML framing in place of a model directory,
   collapse diagnostics off: ``--ragen_steps`` iterations of
-  ``experiments.common.Experiment.rl_step``; ``first_step_seconds`` (compile
+  ``experiments.experiment.Experiment.rl_step``; ``first_step_seconds`` (compile
   included), ``step_seconds`` (the best later step) and ``peak_bytes``, jax's
   ``peak_bytes_in_use`` of device 0 (None on CPU, which keeps no statistics).
   It runs first, so the peak is its own (the statistic never resets).
@@ -78,6 +78,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import common
+from experiments import experiment
+from experiments import stats
 from experiments import train as train_job
 from experiments.benchmarks import generate
 from experiments.benchmarks import roofline
@@ -251,7 +253,7 @@ def memory_peak_bytes() -> int | None:
 def ragen_rl(sizes: Sizes) -> dict[str, Any]:
   """Seconds per RL step of RAGEN's setting and the device's peak memory (``ragen_rl``)."""
   c = ragen_config(sizes)
-  exp = common.Experiment(c)
+  exp = experiment.Experiment(c)
   state = exp.rl_state(exp.init_params())
   seconds, m = [], {}
   for step in range(sizes.ragen_steps):

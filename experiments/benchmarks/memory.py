@@ -15,7 +15,7 @@ them). On CPU the devices are fake (``XLA_FLAGS=
 defaults (the RAGEN StarPO-S config, ``data:1;data:8;fsdp:8``, the model's
 own depth) give the per-device memory table of docs/scaling.md.
 
-For every mesh (``experiments.common.Experiment`` with ``config.mesh``, so
+For every mesh (``experiments.experiment.Experiment`` with ``config.mesh``, so
 ``rl.num_microbatches=-1`` resolves to one row per device and
 ``config.remat`` applies):
 
@@ -87,7 +87,8 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from experiments import common  # pylint: disable=g-import-not-at-top,wrong-import-position
+from experiments import experiment  # pylint: disable=g-import-not-at-top,wrong-import-position
+from experiments import spec  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jagent  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jagent import models  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jagent import rollout  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -191,7 +192,7 @@ def parse_layers(values) -> tuple[int, ...]:
   return out
 
 
-def with_layers(exp: common.Experiment, num_layers: int) -> common.Experiment:
+def with_layers(exp: experiment.Experiment, num_layers: int) -> experiment.Experiment:
   """A shallow copy of ``exp`` whose model (and train config's model) has ``num_layers``.
 
   Everything else (mesh, micro-batches, remat, rollout, objective) is kept;
@@ -203,7 +204,7 @@ def with_layers(exp: common.Experiment, num_layers: int) -> common.Experiment:
   return out
 
 
-def abstract_state(exp: common.Experiment):
+def abstract_state(exp: experiment.Experiment):
   """``(TrainState of ShapeDtypeStructs with shardings, its shardings)``; nothing allocated."""
   state = jax.eval_shape(
       lambda k: exp.rl_state(exp.with_lora(models.init(exp.model_config, k))),
@@ -223,7 +224,7 @@ def _device_bytes(tree) -> int:
              for x in jax.tree.leaves(tree))
 
 
-def state_bytes(exp: common.Experiment) -> dict[str, int]:
+def state_bytes(exp: experiment.Experiment) -> dict[str, int]:
   """Persistent TrainState bytes per device on ``exp.mesh``, by field.
 
   Returns:
@@ -285,7 +286,7 @@ def compare_lora(config, meshes: str, model_names, rank: int, sweep_runs: int = 
     c = config.copy_and_resolve_references()
     c.model, c.model_dir, c.mesh = name, "", spec
     c.lora.update(dict(rank=r, target_modules="all-linear"))
-    return common.Experiment(c, devices=jax.devices()[:n])
+    return experiment.Experiment(c, devices=jax.devices()[:n])
 
   exps = {(m, spec, r): variant(m, spec, n, r)  # every config checked first
           for m in model_names for spec, n in specs for r in (0, rank)}
@@ -333,7 +334,7 @@ def _compile(jitted, mesh, *args) -> dict[str, Any]:
               alias_bytes=int(analysis.alias_size_in_bytes), compile_seconds=sec)
 
 
-def program_memory(exp: common.Experiment) -> dict[str, dict[str, Any]]:
+def program_memory(exp: experiment.Experiment) -> dict[str, dict[str, Any]]:
   """Compiles the rollout and the train step of ``exp`` (its layer count) abstractly.
 
   Both compile under ``jagent.sharding.activation_rules`` of the mesh, as
@@ -368,7 +369,7 @@ def program_memory(exp: common.Experiment) -> dict[str, dict[str, Any]]:
   return out
 
 
-def _check_trained_rows(exp: common.Experiment, spec: str, row_devices: int) -> None:
+def _check_trained_rows(exp: experiment.Experiment, spec: str, row_devices: int) -> None:
   rows = exp.num_keep * exp.rollout_config.group_size
   if rows % row_devices:
     raise ValueError(f"config.mesh={spec!r}: the {rows} trained rows (kept groups x "
@@ -394,7 +395,7 @@ def measure_mesh(config, spec: str, num_devices: int, layers: tuple[int, ...]
   """
   c = config.copy_and_resolve_references()
   c.mesh = spec
-  exp = common.Experiment(c, devices=jax.devices()[:num_devices])
+  exp = experiment.Experiment(c, devices=jax.devices()[:num_devices])
   _check_trained_rows(exp, spec, sharding.rows_size(exp.mesh))
   num_layers = exp.model_config.num_layers
   state = state_bytes(exp)
@@ -436,13 +437,13 @@ def run(config, meshes: str, layers) -> dict[str, Any]:
   """
   specs = parse_meshes(meshes, jax.device_count())
   layers = parse_layers(layers)
-  exp = common.Experiment(config)  # validates; the config's shapes
-  for spec, n in specs:  # every mesh's rows, before any compile
+  exp = experiment.Experiment(config)  # validates; the config's shapes
+  for mesh, n in specs:  # every mesh's rows, before any compile
     c = config.copy_and_resolve_references()
-    c.mesh = spec
-    common.validate(c, n)
-    data, fsdp, _ = sharding.parse_mesh_spec(spec, n)
-    _check_trained_rows(exp, spec, data * fsdp)
+    c.mesh = mesh
+    spec.validate(c, n)
+    data, fsdp, _ = sharding.parse_mesh_spec(mesh, n)
+    _check_trained_rows(exp, mesh, data * fsdp)
   mc = exp.model_config
   c = exp.config
   out_rows = [measure_mesh(config, spec, n, layers) for spec, n in specs]

@@ -220,9 +220,9 @@ def grpo_config(model: str, env_id: str, num_groups: int, group_size: int, max_t
   no diagnostics.
 
   Raises:
-    ValueError: from :func:`experiments.common.validate`, naming the field.
+    ValueError: from :func:`experiments.spec.validate`, naming the field.
   """
-  from experiments import common  # pylint: disable=g-import-not-at-top
+  from experiments import spec  # pylint: disable=g-import-not-at-top
   import envs_jax  # pylint: disable=g-import-not-at-top
   game = envs_jax.agent_defaults(env_id)
   if game is None:
@@ -232,7 +232,7 @@ def grpo_config(model: str, env_id: str, num_groups: int, group_size: int, max_t
                              max_tokens_per_turn or game.max_tokens_per_turn, -1, seed)
   c.algorithm_kwargs = {"kl_coef": 0.0, "entropy_coef": 0.0, "dual_clip": None,
                         "aggregation": "seq-mean-token-mean"}
-  common.validate(c)
+  spec.validate(c)
   return c
 
 
@@ -291,9 +291,9 @@ def _summary(iters: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
 
 def run_jagent(config, warmup: int, iterations: int) -> tuple[dict[str, Any], Any]:
   """Times ``warmup + iterations`` RL steps of ``config``; returns (results, experiment)."""
-  from experiments import common  # pylint: disable=g-import-not-at-top
+  from experiments import experiment  # pylint: disable=g-import-not-at-top
   t0 = time.perf_counter()
-  exp = common.Experiment(config)
+  exp = experiment.Experiment(config)
   state = exp.rl_state(exp.init_params())
   params0 = jax.device_get(state.params)
   setup_s = time.perf_counter() - t0

@@ -35,7 +35,7 @@ length is printed so the rates compare equal work. Rows:
 Column ``RL step s`` (on the on-device rows, ``--rl_step``): one whole RL
 step with that row's ``history_turns`` (rollout -> StarPO-S filter ->
 advantages -> update as one program,
-:meth:`experiments.common.Experiment.rl_step`) of the main job's config,
+:meth:`experiments.experiment.Experiment.rl_step`) of the main job's config,
 ``experiments/configs/tiny.py:<env>,starpo_s`` (its answer-only prompt and
 filter), with this run's ``--model``, batch, turns and reply budget, random
 weights (no SFT). The columns ``vs k=-1`` divide a bounded-history row's
@@ -213,13 +213,13 @@ def sampler_only(params, model_config, text_env, config, s_max):
 def rl_stepper(config) -> tuple[Callable[[], dict[str, float]], Any]:
   """``(step, experiment)``: ``step()`` runs one RL step of ``config`` in place.
 
-  Each call is :meth:`experiments.common.Experiment.rl_step` at step 0 (the
+  Each call is :meth:`experiments.experiment.Experiment.rl_step` at step 0 (the
   same rollout key every call, so every call does comparable work) on the
   state the previous call returned (the state is donated); it returns that
   step's float metrics. The first call compiles.
   """
-  from experiments import common  # pylint: disable=g-import-not-at-top
-  exp = common.Experiment(config)  # validates (naming config fields) before compiling
+  from experiments import experiment  # pylint: disable=g-import-not-at-top
+  exp = experiment.Experiment(config)  # validates (naming config fields) before compiling
   holder = {"state": exp.rl_state(exp.init_params())}
 
   def step():
@@ -259,12 +259,12 @@ def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: in
                                  temperature=1.0)
   rl_configs = {}
   if with_rl_step:
-    from experiments import common  # pylint: disable=g-import-not-at-top
+    from experiments import spec  # pylint: disable=g-import-not-at-top
     from experiments.configs import tiny  # pylint: disable=g-import-not-at-top
     for k in [-1, *history_turns]:
       rl_configs[k] = tiny.benchmark_config(env_id, "starpo_s", model, num_groups, group_size,
                                             max_turns, max_tokens_per_turn, k, seed)
-      common.validate(rl_configs[k])  # a bad config fails here, naming its field
+      spec.validate(rl_configs[k])  # a bad config fails here, naming its field
   env, env_params = envs_jax.make(env_id)
   tok = tokenizers.load_tiny_tokenizer()
   model_config = models.get_config(model)

@@ -7,7 +7,7 @@ r"""Scale-out overhead: sharded rollout and train step on 1, 2, 4, 8 devices; MF
 
 For each N of ``--devices``: the config (default: the main job's tiny config,
 ``micro`` model, 8 groups x 8 rows of Sokoban) on a ``data:N`` mesh of the
-first N devices (``experiments.common.Experiment`` with ``config.mesh``):
+first N devices (``experiments.experiment.Experiment`` with ``config.mesh``):
 
 - ``rollout``: ``jagent.sharding.shard_rollout`` of the RL rollout (``B =
   num_groups x group_size`` rows over the N devices), the same parameters and
@@ -66,6 +66,8 @@ from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from experiments import common  # pylint: disable=g-import-not-at-top,wrong-import-position
+from experiments import experiment  # pylint: disable=g-import-not-at-top,wrong-import-position
+from experiments import spec  # pylint: disable=g-import-not-at-top,wrong-import-position
 from experiments.benchmarks import roofline  # pylint: disable=g-import-not-at-top
 from experiments.benchmarks import timing  # pylint: disable=g-import-not-at-top
 import jagent  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -134,7 +136,7 @@ def _timed(fn: Callable[[], Any], repeats: int) -> dict[str, Any]:
   return {"seconds": min(secs), "worst_seconds": max(secs), "all_seconds": secs}
 
 
-def trained_rows(exp: common.Experiment, traj) -> transforms.Batch:
+def trained_rows(exp: experiment.Experiment, traj) -> transforms.Batch:
   """The rows an RL iteration trains on: the filter's kept groups (host arrays)."""
   kept, _ = train.compact_groups(jax.device_get(traj), exp.num_keep, exp.filter_config)
   return jax.device_get(train.trajectory_batch(kept))
@@ -157,7 +159,7 @@ def measure_mesh(config, n: int, params, batch, repeats: int) -> dict[str, Any]:
   """
   c = config.copy_and_resolve_references()
   c.mesh = f"data:{n}"
-  exp = common.Experiment(c, devices=jax.devices()[:n])
+  exp = experiment.Experiment(c, devices=jax.devices()[:n])
   mesh = exp.mesh
   key = exp.rl_key(0)
   # Rollout.
@@ -312,12 +314,12 @@ def run(config, devices: list[str], repeats: int, mfu: str = "auto",
     _check_int("mfu_lora_rank", mfu_lora_rank, 0)
     if _check_int("mfu_batch", mfu_batch) % max(counts):
       raise ValueError(f"--mfu_batch={mfu_batch}: not divisible by the {max(counts)} devices")
-  exp = common.Experiment(config)  # one device: validates; the shared parameters
+  exp = experiment.Experiment(config)  # one device: validates; the shared parameters
   kept_rows = exp.num_keep * exp.rollout_config.group_size
   for n in counts:  # every mesh's rows, before any compile
     c = config.copy_and_resolve_references()
     c.mesh = f"data:{n}"
-    common.validate(c, n)
+    spec.validate(c, n)
     if kept_rows % n:
       raise ValueError(f"config: the {kept_rows} trained rows (kept groups x group_size) are "
                        f"not divisible by data:{n}")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from experiments import common
+from experiments import hyperparameters
 from experiments.configs import tiny
 from jagent import losses
 from jagent import rollout
@@ -44,7 +44,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = tiny.get_config(",".join(parts[:2]))
   # The objectives' own defaults are RAGEN's (StarPO-S: GAE critic, filter,
   # clip-higher, entropy 0.001; PPO: GAE critic; GRPO: group advantages).
-  c.algorithm_kwargs = common.algorithm_kwargs(c.algorithm)
+  c.algorithm_kwargs = hyperparameters.algorithm_kwargs(c.algorithm)
   c.model = "qwen2.5-0.5b"  # the architecture; weights from model_dir
   c.model_dir = ""  # REQUIRED: a Hugging Face directory (Qwen2.5-0.5B-Instruct)
   c.tokenizer = ""  # the model_dir's tokenizer.json and chat template

@@ -19,12 +19,13 @@ from __future__ import annotations
 import ml_collections
 
 import envs_jax
-from experiments import common
+from experiments import fields
+from experiments import hyperparameters
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The config of ``"<env id>,<algorithm>"`` (see the module docstring)."""
-  env, algorithm = common.config_arg(arg, "Sokoban-6x6-1box-v0,starpo_s")
+  env, algorithm = fields.config_arg(arg, "Sokoban-6x6-1box-v0,starpo_s")
   # Each game's own episode budgets and system message (Environment.agent_defaults),
   # read without building its params: nothing here may start a JAX backend
   # before a multi-host run's jax.distributed.initialize.
@@ -46,7 +47,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Every other hyperparameter at the objective's default, each a flag
   # (--config.algorithm_kwargs.entropy_coef=0.01) and in config.json.
   advantage = "gigpo" if game.max_turns > 1 else "grpo"
-  c.algorithm_kwargs = common.algorithm_kwargs(algorithm, **(
+  c.algorithm_kwargs = hyperparameters.algorithm_kwargs(algorithm, **(
       {"kl_coef": 0.0, "advantage": advantage, "aggregation": "seq-mean-token-mean"}
       if algorithm in ("starpo", "starpo_s")
       else {"kl_coef": 0.0} if algorithm not in ("reinforce_pp",) else {}))
@@ -77,7 +78,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Adapters need a TRAINED base: on the random one (empty model_dir) they
   # cannot learn even the reply format (the frozen tied embeddings and final
   # norm cap the logits at ~1.3; Bandit: format NLL ~5.06 nats vs 0.09 fully
-  # fine-tuned; common.lora_base_warning says so). Train the base first (a
+  # fine-tuned; blocks.lora_base_warning says so). Train the base first (a
   # full run's <workdir>/policy export as model_dir) and use ~10x the full
   # fine-tuning learning rate (lora_test's Bandit run: rl.learning_rate 1e-2).
   # base_dtype "bfloat16" stores the frozen base in half the memory (computed
@@ -205,8 +206,8 @@ def benchmark_config(env: str, algorithm: str, model: str, num_groups: int, grou
     seed: ``config.seed``.
 
   Returns:
-    An ``ml_collections.ConfigDict`` for :class:`experiments.common.Experiment`
-    (not validated yet: ``experiments.common.validate`` names a bad field).
+    An ``ml_collections.ConfigDict`` for :class:`experiments.experiment.Experiment`
+    (not validated yet: ``experiments.spec.validate`` names a bad field).
   """
   c = get_config(f"{env},{algorithm}")
   c.model = model

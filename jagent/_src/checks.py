@@ -27,7 +27,7 @@ def check_int(name: str, value: Any, minimum: int, maximum: int | None = None, *
     maximum: the largest value allowed, or None for no bound.
     why: the error's reason; default ``"must be an int >= {minimum}"`` (or
       ``"must be an int in [{minimum}, {maximum}]"``).
-    error: the exception class raised (e.g. ``experiments.common.ConfigError``).
+    error: the exception class raised (e.g. ``experiments.fields.ConfigError``).
     owner: a config dataclass's name (e.g. ``"RolloutConfig"``) whose field
       ``name`` is: the error is then a :class:`jagent.FieldError` with that
       owner and field (same message), and ``error`` is not used.

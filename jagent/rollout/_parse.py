@@ -102,7 +102,7 @@ class ParseSpec:
     if not isinstance(self.think, bool):
       raise ValueError(f"think must be a bool, got {self.think!r}")
     for field in ("max_actions_per_turn", "max_answer_bytes"):
-      value = checks.check_int(f"ParseSpec.{field}", getattr(self, field), 1)
+      value = checks.check_int(field, getattr(self, field), 1, owner="ParseSpec")
       object.__setattr__(self, field, value)
 
 

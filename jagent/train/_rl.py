@@ -218,7 +218,7 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
       sampled) and the whole rollout, before compaction and update, with a
       key of its own (``key`` folded with a constant); its metrics join the
       others (e.g. :func:`jagent.train.collapse_metrics`
-      under a ``lax.cond`` on ``state.step``, as ``experiments/common.py``
+      under a ``lax.cond`` on ``state.step``, as ``experiments/experiment.py``
       does).
 
   Returns:

@@ -80,7 +80,7 @@ def signature(name: str) -> inspect.Signature:
 
   Annotations are evaluated (``eval_str``), so a config system can read
   each keyword's default and type, e.g. to offer every hyperparameter as a
-  flag (``experiments.common.algorithm_kwargs``).
+  flag (``experiments.hyperparameters.algorithm_kwargs``).
 
   Args:
     name: a registered name (see :func:`registered`).

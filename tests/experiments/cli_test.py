@@ -24,6 +24,9 @@ from absl.testing import flagsaver
 from experiments import cli
 from experiments import common
 from experiments import eval as eval_job
+from experiments import fields
+from experiments import hyperparameters
+from experiments import spec
 from experiments import train as train_job
 from experiments.configs import tiny
 from tests import testenv
@@ -78,19 +81,20 @@ class ConfigFlagTest(absltest.TestCase):
                         "--config.algorithm_kwargs.advantage=gigpo",
                         "--config.algorithm_kwargs.advantage_kwargs.step_gamma=0.9")
     self.assertEqual(holder.value.algorithm_kwargs.dual_clip, float("inf"))
-    common.validate(holder.value, num_devices=1)
-    self.assertEqual(common.objective_kwargs(holder.value)["advantage_kwargs"]["step_gamma"], 0.9)
+    spec.validate(holder.value, num_devices=1)
+    self.assertEqual(
+        hyperparameters.objective_kwargs(holder.value)["advantage_kwargs"]["step_gamma"], 0.9)
     with self.assertRaisesRegex(SystemExit, r"--config\.rl\.steps=None: .*instead: set it in "
                                 r"a config file$"):
       _define("--config.rl.steps=None")
 
   def test_a_bad_config_argument_names_the_flag(self):
-    with self.assertRaisesRegex(common.ConfigError,
+    with self.assertRaisesRegex(fields.ConfigError,
                                 rf"^--config={_TINY}:CartPole-v1,grpo: config argument "
                                 r"'CartPole-v1,grpo' .*unknown environment 'CartPole-v1'; "
                                 r"registered: Bandit-v0, "):
       cli.check_config_argv(["prog", f"--config={_TINY}:CartPole-v1,grpo"])
-    with self.assertRaisesRegex(common.ConfigError,
+    with self.assertRaisesRegex(fields.ConfigError,
                                 r"^--config=nowhere\.py: no config file 'nowhere\.py'$"):
       cli.check_config_argv(["prog", "--config=nowhere.py"])
 
@@ -104,10 +108,10 @@ class ConfigFlagTest(absltest.TestCase):
     c = holder.value
     self.assertIs(fv.config, c)
     self.assertEqual((c.env, c.rl.steps), ("Bandit-v0", 7))
-    self.assertEqual(common.objective_kwargs(c)["advantage_kwargs"], {"lambda_": 0.95})
+    self.assertEqual(hyperparameters.objective_kwargs(c)["advantage_kwargs"], {"lambda_": 0.95})
     self.assertEqual((c.algorithm_kwargs.entropy_coef, c.algorithm_kwargs.critic), (0.01, True))
-    common.validate(c, num_devices=1)
-    self.assertTrue(common.objective(c).needs.critic)
+    spec.validate(c, num_devices=1)
+    self.assertTrue(hyperparameters.objective(c).needs.critic)
     # No --config flag: the default config, nothing loaded twice.
     _, holder = _define()
     self.assertEqual(holder.value.env, "Sokoban-6x6-1box-v0")
@@ -115,7 +119,7 @@ class ConfigFlagTest(absltest.TestCase):
   def test_checked_main_exits_on_config_errors_only(self):
     def main(argv):
       del argv
-      raise common.ConfigError("config.rl.steps=-5: must be an int >= 0")
+      raise fields.ConfigError("config.rl.steps=-5: must be an int >= 0")
 
     with self.assertRaises(SystemExit) as cm:
       cli.checked(main)(["prog"])

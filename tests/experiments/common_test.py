@@ -1,4 +1,4 @@
-"""experiments.common: validate's errors named as config fields; SFT rows in each history mode.
+"""experiments.spec.validate's errors named as config fields; SFT rows in each history mode.
 
 ValidateTest, AlgorithmKwargsTest and ConfigFieldTest build no model and compile
 nothing: validate only reads the config.
@@ -13,6 +13,11 @@ import ml_collections
 import numpy as np
 
 from experiments import common
+from experiments import experiment
+from experiments import fields
+from experiments import hyperparameters
+from experiments import spec
+from experiments import stats
 from experiments.configs import ragen
 from experiments.configs import tiny
 from jagent import transforms
@@ -28,7 +33,7 @@ def _config(**changes):
 class ValidateTest(parameterized.TestCase):
 
   def test_tiny_config_is_valid(self):
-    common.validate(_config())
+    spec.validate(_config())
 
   @parameterized.parameters(
       # (config field, its bad value, the dataclass whose check raises)
@@ -59,8 +64,8 @@ class ValidateTest(parameterized.TestCase):
       ("cache_dtype", "int8", "ModelConfig"),
   )
   def test_reraises_the_dataclass_error_naming_the_field(self, field, value, owner):
-    with self.assertRaisesRegex(common.ConfigError, rf"^config\.{field}={value!r}: ") as cm:
-      common.validate(_config(**{field: value}))
+    with self.assertRaisesRegex(fields.ConfigError, rf"^config\.{field}={value!r}: ") as cm:
+      spec.validate(_config(**{field: value}))
     # The dataclass's own error, chained: validate does not re-check by hand.
     self.assertIsInstance(cm.exception.__cause__, ValueError)
     self.assertTrue(str(cm.exception.__cause__).startswith(owner), cm.exception.__cause__)
@@ -78,28 +83,28 @@ class ValidateTest(parameterized.TestCase):
       ("eval.temperature", -1.0, "(config.eval.greedy=True adds a greedy evaluation)"),
   )
   def test_temperature_says_what_to_set_in_the_config(self, field, value, hint):
-    with self.assertRaises(common.ConfigError) as cm:
-      common.validate(_config(**{field: value}))
+    with self.assertRaises(fields.ConfigError) as cm:
+      spec.validate(_config(**{field: value}))
     self.assertEqual(str(cm.exception),
                      f"config.{field}={value!r}: must be a positive finite float {hint}")
     self.assertIn("greedy=True for argmax", str(cm.exception.__cause__))
 
   def test_prompt_fields_are_named(self):
     with self.assertRaisesRegex(
-        common.ConfigError, r"^config\.prompt\.first_turn='\{board\}\\n': uses \{board\}; "
+        fields.ConfigError, r"^config\.prompt\.first_turn='\{board\}\\n': uses \{board\}; "
         r"allowed fields"):
-      common.validate(_config(**{"prompt.first_turn": "{board}\n"}))
+      spec.validate(_config(**{"prompt.first_turn": "{board}\n"}))
     with self.assertRaisesRegex(
-        common.ConfigError, r"^config\.prompt\.chat_template='chat_ml': unknown; known: "
+        fields.ConfigError, r"^config\.prompt\.chat_template='chat_ml': unknown; known: "
         r"\['chatml', 'llama3', 'plain'\]"):
-      common.validate(_config(**{"prompt.chat_template": "chat_ml"}))
+      spec.validate(_config(**{"prompt.chat_template": "chat_ml"}))
 
   @parameterized.parameters("rl.steps", "sft.steps", "eval.every", "eval.samples")
   def test_counts_are_ints_at_least_0(self, field):
     # rl.steps=-5 used to train 0 steps and exit 0.
-    with self.assertRaisesRegex(common.ConfigError, rf"^config\.{field}=-5: must be an int >= 0$"):
-      common.validate(_config(**{field: -5}))
-    common.validate(_config(**{field: 0}))
+    with self.assertRaisesRegex(fields.ConfigError, rf"^config\.{field}=-5: must be an int >= 0$"):
+      spec.validate(_config(**{field: -5}))
+    spec.validate(_config(**{field: 0}))
 
   def test_group_relative_objectives_reject_groups_of_one(self):
     # Hand list: a baseline taken from the group (GRPO, Dr.GRPO, RLOO, DAPO,
@@ -113,17 +118,17 @@ class ValidateTest(parameterized.TestCase):
       with self.subTest(algorithm):
         if algorithm in group_relative:
           with self.assertRaisesRegex(
-              common.ConfigError, rf"^config\.rollout\.group_size=1: the objective "
+              fields.ConfigError, rf"^config\.rollout\.group_size=1: the objective "
               rf"'{algorithm}' compares the rollouts of a group, .* set "
               r"config\.rollout\.group_size >= 2$"):
-            common.validate(c)
+            spec.validate(c)
         else:
-          common.validate(c)
+          spec.validate(c)
     c = tiny.get_config("Bandit-v0,starpo_s")
     c.rollout.group_size = 1
     c.algorithm_kwargs.advantage = "gae"  # a critic's baseline
     c.algorithm_kwargs.advantage_kwargs = {}
-    common.validate(c)
+    spec.validate(c)
 
 
 class AlgorithmKwargsTest(parameterized.TestCase):
@@ -141,87 +146,87 @@ class AlgorithmKwargsTest(parameterized.TestCase):
     for key, value, why in cases:
       with self.subTest(key):
         with self.assertRaisesRegex(
-            common.ConfigError, rf"^config\.algorithm_kwargs\.{key}={value!r}: {why}"):
-          common.validate(_config(**{f"algorithm_kwargs.{key}": value}))
+            fields.ConfigError, rf"^config\.algorithm_kwargs\.{key}={value!r}: {why}"):
+          spec.validate(_config(**{f"algorithm_kwargs.{key}": value}))
 
   def test_unknown_keys_name_the_known_ones(self):
     c = _config()
     c.algorithm_kwargs.entropy = 0.01
     with self.assertRaisesRegex(
-        common.ConfigError, r"^config\.algorithm_kwargs\.entropy=0\.01: not a hyperparameter "
+        fields.ConfigError, r"^config\.algorithm_kwargs\.entropy=0\.01: not a hyperparameter "
         r"of the objective 'starpo_s' \(closest: entropy_coef\); its hyperparameters: "
         r"\['advantage', 'advantage_kwargs', 'aggregation', 'critic', 'dual_clip', "
         r"'entropy_coef', 'eps_high', 'eps_low', 'kl_coef', 'kl_estimator', "
         r"'turn_weighting', 'value_clip', 'value_coef'\]"):
-      common.validate(c)
+      spec.validate(c)
     # --config.algorithm=grpo on a starpo_s config file: its keys are StarPO-S's.
     c = _config(algorithm="grpo")
-    with self.assertRaisesRegex(common.ConfigError,
+    with self.assertRaisesRegex(fields.ConfigError,
                                 r"^config\.algorithm_kwargs\.advantage='grpo': not a "
                                 r"hyperparameter of the objective 'grpo'.*--config=<file>:"):
-      common.validate(c)
+      spec.validate(c)
 
   def test_advantage_and_its_kwargs(self):
-    with self.assertRaisesRegex(common.ConfigError,
+    with self.assertRaisesRegex(fields.ConfigError,
                                 r"^config\.algorithm_kwargs\.advantage='gea': unknown; known: "):
-      common.validate(_config(**{"algorithm_kwargs.advantage": "gea"}))
+      spec.validate(_config(**{"algorithm_kwargs.advantage": "gea"}))
     # The advantage alone switches the estimator (its own defaults)...
     for advantage in ("gigpo", "gae"):
       c = _config(**{"algorithm_kwargs.advantage": advantage})
-      common.validate(c)
-      self.assertEqual(common.objective(c).needs.critic, advantage == "gae")
+      spec.validate(c)
+      self.assertEqual(hyperparameters.objective(c).needs.critic, advantage == "gae")
     # ...whose hyperparameters are a dict, checked against its signature.
     c.algorithm_kwargs.advantage_kwargs = {"lambda_": 0.95}
-    common.validate(c)
-    self.assertEqual(common.objective_kwargs(c)["advantage_kwargs"], {"lambda_": 0.95})
+    spec.validate(c)
+    self.assertEqual(hyperparameters.objective_kwargs(c)["advantage_kwargs"], {"lambda_": 0.95})
     c.algorithm_kwargs.advantage_kwargs = {"eps": 1e-5}
     with self.assertRaisesRegex(
-        common.ConfigError, r"^config\.algorithm_kwargs\.advantage_kwargs\.eps=1e-05: not a "
+        fields.ConfigError, r"^config\.algorithm_kwargs\.advantage_kwargs\.eps=1e-05: not a "
         r"hyperparameter of the advantage 'gae'; its hyperparameters: \['gamma', 'lambda_', "
         r"'whiten'\]$"):
-      common.validate(c)
+      spec.validate(c)
     # Each estimator's hyperparameter is its own field; the run passes the
     # chosen estimator only its own, and one set for another is an error.
     c = _config(**{"algorithm_kwargs.advantage": "gigpo",
                    "algorithm_kwargs.advantage_kwargs.step_gamma": 0.9})
-    common.validate(c)
-    self.assertEqual(common.objective_kwargs(c)["advantage_kwargs"], {
+    spec.validate(c)
+    self.assertEqual(hyperparameters.objective_kwargs(c)["advantage_kwargs"], {
         "step_gamma": 0.9, "step_weight": 1.0, "eps": 1e-6, "normalize_std": True})
     c.algorithm_kwargs.advantage = "grpo"
     with self.assertRaisesRegex(
-        common.ConfigError, r"^config\.algorithm_kwargs\.advantage_kwargs\.step_gamma=0\.9: "
+        fields.ConfigError, r"^config\.algorithm_kwargs\.advantage_kwargs\.step_gamma=0\.9: "
         r"not a hyperparameter of the advantage 'grpo'; its hyperparameters: \['eps', "
         r"'normalize_std'\]$"):
-      common.validate(c)
+      spec.validate(c)
     with self.assertRaisesRegex(
-        common.ConfigError, r"^config\.algorithm_kwargs\.advantage_kwargs\.lamda=0\.9: not a "
+        fields.ConfigError, r"^config\.algorithm_kwargs\.advantage_kwargs\.lamda=0\.9: not a "
         r"hyperparameter of any named advantage; known: \['combine', 'eps', 'gamma', "):
-      common.algorithm_kwargs("starpo_s", advantage_kwargs={"lamda": 0.9})
+      hyperparameters.algorithm_kwargs("starpo_s", advantage_kwargs={"lamda": 0.9})
     c = _config()
     c.algorithm_kwargs.advantage_kwargs = {"eps": -1.0}
-    with self.assertRaisesRegex(common.ConfigError,
+    with self.assertRaisesRegex(fields.ConfigError,
                                 r"^config\.algorithm_kwargs\.advantage_kwargs=\{'eps': -1\.0\}: "
                                 r"eps must lie in"):
-      common.validate(c)
+      spec.validate(c)
 
   def test_the_run_sets_the_filter(self):
-    with self.assertRaisesRegex(common.ConfigError,
+    with self.assertRaisesRegex(fields.ConfigError,
                                 r"^config\.algorithm_kwargs\.filter_config=0\.25: the run sets "
                                 r"it: config\.rl\.filter_mode, config\.rl\.filter_value"):
-      common.algorithm_kwargs("starpo_s", filter_config=0.25)
+      hyperparameters.algorithm_kwargs("starpo_s", filter_config=0.25)
 
   def test_configs_saved_with_fewer_keys_stay_valid(self):
     c = _config()
     c.algorithm_kwargs = ml_collections.ConfigDict({"kl_coef": 0.0, "advantage": "grpo"})
-    common.validate(c)
-    self.assertEqual(common.objective_kwargs(c), {"kl_coef": 0.0, "advantage": "grpo"})
+    spec.validate(c)
+    self.assertEqual(hyperparameters.objective_kwargs(c), {"kl_coef": 0.0, "advantage": "grpo"})
 
 
 class ConfigFieldTest(absltest.TestCase):
 
   def test_closest_fields(self):
     c = _config()
-    self.assertEqual(common.config_field(c, "rl.learning_rate"), 1e-4)
+    self.assertEqual(fields.config_field(c, "rl.learning_rate"), 1e-4)
     cases = {
         # The field's own group first.
         "rl.lr": "closest: config.rl.learning_rate, config.rl.critic_learning_rate, "
@@ -235,46 +240,46 @@ class ConfigFieldTest(absltest.TestCase):
     for path, near in cases.items():
       with self.subTest(path):
         first = path.split(".")[0] if path.startswith("rollouts") else path
-        with self.assertRaises(common.ConfigError) as cm:
-          common.config_field(c, path)
+        with self.assertRaises(fields.ConfigError) as cm:
+          fields.config_field(c, path)
         self.assertEqual(str(cm.exception), f"the config has no field config.{first}; {near}")
-    with self.assertRaisesRegex(common.ConfigError,
+    with self.assertRaisesRegex(fields.ConfigError,
                                 r"^the config has no field config\.rl\.zzz; config\.rl has: "
                                 r"critic, critic_learning_rate, decay, "):
-      common.config_field(c, "rl.zzz")
-    with self.assertRaisesRegex(common.ConfigError,
+      fields.config_field(c, "rl.zzz")
+    with self.assertRaisesRegex(fields.ConfigError,
                                 r"^config\.rl\.steps is a value, not a group of fields"):
-      common.config_field(c, "rl.steps.x")
+      fields.config_field(c, "rl.steps.x")
 
   def test_cross_field_checks_stay(self):
     with self.assertRaisesRegex(ValueError, r"^config\.rl\.num_minibatches=3: does not divide"):
-      common.validate(_config(**{"rl.num_minibatches": 3}))
+      spec.validate(_config(**{"rl.num_minibatches": 3}))
     with self.assertRaisesRegex(ValueError, r"^config\.eval\.num_levels=33: must be a multiple"):
-      common.validate(_config(**{"eval.num_levels": 33}))
+      spec.validate(_config(**{"eval.num_levels": 33}))
 
 
   def test_sft_batch_size_counts_turn_rows_in_a_window(self):
     # 8 demonstrations are 8 rows in the full history, up to 8 x max_turns in a window.
     with self.assertRaisesRegex(ValueError, r"^config\.sft\.batch_size=9: is larger than the 8 "):
-      common.validate(_config(**{"sft.num_demos": 8, "sft.batch_size": 9}))
-    common.validate(_config(**{"sft.num_demos": 8, "sft.batch_size": 9,
-                               "rollout.history_turns": 0, "rollout.max_turns": 2}))
+      spec.validate(_config(**{"sft.num_demos": 8, "sft.batch_size": 9}))
+    spec.validate(_config(**{"sft.num_demos": 8, "sft.batch_size": 9,
+                             "rollout.history_turns": 0, "rollout.max_turns": 2}))
 
 
   def test_empty_stop_steps(self):
     self.assertEqual(_config()["rl"]["empty_stop_steps"], 0)  # never
     self.assertEqual(ragen.get_config("Sokoban-6x6-1box-v0,starpo_s").rl.empty_stop_steps, 5)
-    common.validate(_config(**{"rl.empty_stop_steps": 3}))
+    spec.validate(_config(**{"rl.empty_stop_steps": 3}))
     old = _config()
     del old.rl["empty_stop_steps"]  # a run saved before the field: never
-    common.validate(old)
+    spec.validate(old)
     for value in (-1, 2.5, True, "5"):
       c = _config()
       with c.rl.ignore_type():
         c.rl.empty_stop_steps = value
       with self.assertRaisesRegex(
           ValueError, rf"^config\.rl\.empty_stop_steps={value!r}: must be an int >= 0"):
-        common.validate(c)
+        spec.validate(c)
 
 
 class WilsonIntervalTest(absltest.TestCase):
@@ -282,29 +287,29 @@ class WilsonIntervalTest(absltest.TestCase):
   def test_by_hand(self):
     z2 = 1.959963984540054 ** 2
     # No success in 10: [0, z^2 / (n + z^2)]; all 10: [n / (n + z^2), 1].
-    lo, hi = common.wilson_interval(0.0, 10)
+    lo, hi = stats.wilson_interval(0.0, 10)
     self.assertAlmostEqual(lo, 0.0, places=12)
     self.assertAlmostEqual(hi, z2 / (10 + z2), places=12)
     self.assertAlmostEqual(hi, 0.27753, places=5)
-    lo, hi = common.wilson_interval(1.0, 10)
+    lo, hi = stats.wilson_interval(1.0, 10)
     self.assertAlmostEqual(lo, 10 / (10 + z2), places=12)
     self.assertAlmostEqual(hi, 1.0, places=12)
     # Half of 512 levels: centred on 0.5, half width
     # 1.96 sqrt(0.25/512 + 3.8415/(4 * 512^2)) / (1 + 3.8415/512) = 0.04315
     # (the normal approximation's 0.04331).
-    lo, hi = common.wilson_interval(0.5, 512)
+    lo, hi = stats.wilson_interval(0.5, 512)
     self.assertAlmostEqual((lo + hi) / 2, 0.5, places=12)
     self.assertAlmostEqual(hi - 0.5, 0.04315, places=5)
     # 0.479 of 512 (the main job's): centre pulled towards 0.5.
-    lo, hi = common.wilson_interval(0.479, 512)
+    lo, hi = stats.wilson_interval(0.479, 512)
     self.assertAlmostEqual(lo, 0.43606, places=4)
     self.assertAlmostEqual(hi, 0.52227, places=4)
 
   def test_errors(self):
     with self.assertRaisesRegex(ValueError, "n=0"):
-      common.wilson_interval(0.5, 0)
+      stats.wilson_interval(0.5, 0)
     with self.assertRaisesRegex(ValueError, "rate=1.5"):
-      common.wilson_interval(1.5, 10)
+      stats.wilson_interval(1.5, 10)
 
 
 class QuietLogsTest(absltest.TestCase):
@@ -331,7 +336,7 @@ class DemonstrationsTest(absltest.TestCase):
       c = tiny.get_config("Sokoban-6x6-1box-v0,starpo_s")
       c.rollout.history_turns = k
       c.sft.update(dict(num_demos=8, batch_size=16 if k >= 0 else 8, steps=3))
-      exp = common.Experiment(c)
+      exp = experiment.Experiment(c)
       return exp, exp.demonstrations()
 
     _, full = demos(-1)
@@ -358,7 +363,7 @@ class DemonstrationsTest(absltest.TestCase):
       c = tiny.get_config("Sokoban-6x6-1box-v0,starpo_s")
       c.sft.update(dict(num_demos=8, batch_size=8, steps=3, expert_max_nodes=max_nodes,
                         expert_reuse_plans=reuse))
-      return common.Experiment(c).demonstrations()
+      return experiment.Experiment(c).demonstrations()
 
     # Following the first search's plan plays equally short episodes.
     reused, full = demos(1_000_000, reuse=True), demos(1_000_000)

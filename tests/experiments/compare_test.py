@@ -7,8 +7,8 @@ from absl import flags
 from absl.testing import absltest
 import numpy as np
 
-from experiments import common
 from experiments import compare
+from experiments import fields
 from experiments.configs import tiny
 
 
@@ -41,7 +41,7 @@ class CompareTest(absltest.TestCase):
   def test_bad_overrides_name_the_item(self):
     c = tiny.get_config("Bandit-v0,grpo")
     with self.assertRaisesRegex(
-        common.ConfigError,
+        fields.ConfigError,
         r"^--set='rl\.stepz=3': the config has no field config\.rl\.stepz; closest: "
         r"config\.rl\.steps, config\.sft\.steps$"):
       compare.apply_overrides(c, "Bandit-v0", ["rl.stepz=3"])

@@ -6,7 +6,10 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import envs_jax
-from experiments import common
+from experiments import experiment
+from experiments import fields
+from experiments import hyperparameters
+from experiments import spec
 from experiments.configs import ragen
 from experiments.configs import tiny
 from jagent import tokenizers
@@ -28,8 +31,8 @@ class TinyConfigsTest(parameterized.TestCase):
   def test_every_algorithm_validates_and_builds(self, env_id):
     for algorithm in transforms.registered():
       c = tiny.get_config(f"{env_id},{algorithm}")
-      common.validate(c)
-      transforms.make(algorithm, **common.objective_kwargs(c))
+      spec.validate(c)
+      transforms.make(algorithm, **hyperparameters.objective_kwargs(c))
 
   @parameterized.parameters(*sorted(envs_jax.registered()))
   def test_expert_answers_fit_a_turn(self, env_id):
@@ -49,18 +52,18 @@ class TinyConfigsTest(parameterized.TestCase):
   def test_a_bad_argument_names_itself_and_the_known_names(self):
     where = r"config argument '{}' \(<env id>,<algorithm> after the config file's ':'\): "
     with self.assertRaisesRegex(
-        common.ConfigError, "^" + where.format("CartPole-v1,grpo") + "unknown environment "
+        fields.ConfigError, "^" + where.format("CartPole-v1,grpo") + "unknown environment "
         "'CartPole-v1'; registered: " + ", ".join(sorted(envs_jax.registered())) + "$"):
       tiny.get_config("CartPole-v1,grpo")
     with self.assertRaisesRegex(
-        common.ConfigError, "^" + where.format("Bandit-v0,grpo2") + "unknown algorithm "
+        fields.ConfigError, "^" + where.format("Bandit-v0,grpo2") + "unknown algorithm "
         "'grpo2'; registered: " + ", ".join(transforms.registered()) + "$"):
       tiny.get_config("Bandit-v0,grpo2")
-    with self.assertRaisesRegex(common.ConfigError,
+    with self.assertRaisesRegex(fields.ConfigError,
                                 "^" + where.format("Bandit-v0") + "expected two names separated "
                                 "by a comma, e.g. 'Sokoban-6x6-1box-v0,starpo_s'$"):
       tiny.get_config("Bandit-v0")
-    with self.assertRaisesRegex(common.ConfigError, r"unknown environment 'Sokoban-6x6-v0' "
+    with self.assertRaisesRegex(fields.ConfigError, r"unknown environment 'Sokoban-6x6-v0' "
                                 r"\(closest: Sokoban-6x6-1box-v0, "):
       ragen.get_config("Sokoban-6x6-v0,starpo_s")
 
@@ -108,8 +111,8 @@ class RagenConfigsTest(parameterized.TestCase):
     for algorithm in transforms.registered():
       c = ragen.get_config(f"{env_id},{algorithm}")
       c.model_dir = "/models/Qwen2.5-0.5B-Instruct"  # never read by validate
-      common.validate(c)
-      transforms.make(algorithm, **common.objective_kwargs(c))
+      spec.validate(c)
+      transforms.make(algorithm, **hyperparameters.objective_kwargs(c))
 
   def test_ragen_v1_values(self):
     c = ragen.get_config("Sokoban-6x6-1box-v0,starpo_s")
@@ -133,14 +136,14 @@ class RagenConfigsTest(parameterized.TestCase):
   def test_without_a_model_directory_the_tokenizer_is_named(self):
     c = ragen.get_config("Sokoban-6x6-1box-v0,starpo_s")
     with self.assertRaisesRegex(ValueError, r"config\.tokenizer='': .*model_dir"):
-      common.validate(c)
+      spec.validate(c)
 
   def test_builds_and_fits_the_context(self):
     # The Qwen2.5-0.5B architecture (no weights are loaded to build); the
     # shipped tiny tokenizer with ChatML stands in for Qwen's tokenizer.json.
     c = ragen.get_config("Sokoban-6x6-1box-v0,starpo_s")
     c.tokenizer, c.prompt.chat_template = "tiny", "chatml"
-    exp = common.Experiment(c)
+    exp = experiment.Experiment(c)
     # 5 turns of a ~100-token state prompt + 400-token replies: RAGEN's 3600.
     self.assertBetween(exp.context_size, 5 * 400, 3600)
     self.assertEqual(exp.rollout_config.batch_size, 128)
@@ -152,17 +155,17 @@ class RagenConfigsTest(parameterized.TestCase):
     self.assertEqual((exp.model_config.dtype, exp.model_config.param_dtype,
                       exp.model_config.attention_impl), ("float32", "float32", "auto"))
     c.compute_dtype, c.attention_impl = "bfloat16", "xla"
-    mc = common.Experiment(c).model_config
+    mc = experiment.Experiment(c).model_config
     # bfloat16 activations and KV cache over float32 weights (and moments).
     self.assertEqual((mc.dtype, mc.param_dtype, mc.attention_impl),
                      ("bfloat16", "float32", "xla"))
     c.compute_dtype, c.attention_impl = "float32", "auto"
     self.assertTrue(exp.rollout_config.merge_lora)
     c.rollout.merge_lora = False  # LoRA sampling without a merged copy of the weights
-    self.assertFalse(common.Experiment(c).rollout_config.sampling().merge_lora)
+    self.assertFalse(experiment.Experiment(c).rollout_config.sampling().merge_lora)
     c.rollout.merge_lora = True
     c.mesh = "data:8"
-    self.assertEqual(common.Experiment(c).train_config.num_microbatches, 4)  # 8 fake devices
+    self.assertEqual(experiment.Experiment(c).train_config.num_microbatches, 4)  # 8 fake devices
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import jax
 import envs_jax
 from experiments import common
 from experiments import eval as eval_job
+from experiments import experiment
 from experiments import train as train_job
 from experiments.configs import tiny
 from jagent import train as jtrain
@@ -42,7 +43,7 @@ def _write_run(workdir, config, checkpoint=False):
   os.makedirs(workdir, exist_ok=True)
   jtrain.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
   if checkpoint:
-    exp = common.Experiment(config)
+    exp = experiment.Experiment(config)
     ckpt = exp.checkpointer(workdir)
     ckpt.save(0, exp.rl_state(exp.init_params()), {"step": 0})
     ckpt.close()
@@ -110,7 +111,7 @@ class EvalConfigTest(absltest.TestCase):
     self.assertEqual(with_legend.prompt.system, f"You play Sokoban.\n{ALT_LEGEND}")
     # What the rollout renders: the system message (in every turn's context)
     # carries the legend, and the grid is in the new symbols.
-    exp = common.Experiment(with_legend)
+    exp = experiment.Experiment(with_legend)
     _, state = exp.env.reset(jax.random.key(0), exp.env_params)
     grid = exp.env.render_text(state)
     self.assertIn("A", grid)

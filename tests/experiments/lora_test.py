@@ -6,7 +6,7 @@ adapters cannot learn (``train_test``'s Bandit run with ``lora.rank=16`` and
 no base ended at success 0.0: the frozen tied embeddings, std 0.02, and the
 final norm keep every logit within ~+-1.3, and adapters-only SFT of the
 reply format reached an NLL of ~5.06 nats/token against 0.09 for full
-fine-tuning; ``common.lora_base_warning`` says so). So the base is
+fine-tuning; ``blocks.lora_base_warning`` says so). So the base is
 ``train_test``'s Bandit warm start (``nano``, format-only SFT on random arms,
 no RL), exported as a Hugging Face directory, and the adapters (rank 16,
 all-linear) are trained by RL at lr 1e-2, 10x ``train_test``'s full
@@ -27,7 +27,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from experiments import common
+from experiments import blocks
+from experiments import experiment
+from experiments import spec
 from experiments import sweep
 from experiments import train as train_job
 from experiments.configs import ragen
@@ -41,9 +43,9 @@ class LoraConfigTest(parameterized.TestCase):
 
   def test_off_by_default_and_on_by_rank(self):
     c = tiny.get_config("Bandit-v0,dr_grpo")
-    self.assertIsNone(common.lora_config(c))
+    self.assertIsNone(blocks.lora_config(c))
     c.lora.update(dict(rank=16, alpha=32.0, target_modules="q,v,down"))
-    self.assertEqual(common.lora_config(c),
+    self.assertEqual(blocks.lora_config(c),
                      models.LoraConfig(rank=16, alpha=32.0, target_modules=("q", "v", "down")))
     r = ragen.get_config("Sokoban-6x6-1box-v0,starpo_s,lora")
     self.assertEqual((r.lora.rank, r.lora.alpha, r.lora.target_modules, r.rl.learning_rate),
@@ -67,23 +69,23 @@ class LoraConfigTest(parameterized.TestCase):
     c = tiny.get_config("Bandit-v0,dr_grpo")
     c.lora.update(fields)
     with self.assertRaisesRegex(ValueError, message):
-      common.validate(c)
+      spec.validate(c)
 
   def test_random_base_warns_once_in_one_line(self):
     c = tiny.get_config("Bandit-v0,dr_grpo")
     c.model = "nano"
-    self.assertIsNone(common.lora_base_warning(c))  # LoRA off
+    self.assertIsNone(blocks.lora_base_warning(c))  # LoRA off
     c.lora.rank = 16
-    line = common.lora_base_warning(c)
+    line = blocks.lora_base_warning(c)
     self.assertNotIn("\n", line)
     for part in ("config.lora.rank=16", "config.model_dir=''", "RANDOM", "nano",
                  "~10x"):
       self.assertIn(part, line)
-    with mock.patch.object(common.logging, "warning") as warning:
-      common.Experiment(c)
+    with mock.patch.object(experiment.logging, "warning") as warning:
+      experiment.Experiment(c)
     warning.assert_called_once_with(line)
     c.model_dir = "/a/trained/base"  # a loaded base: no warning
-    self.assertIsNone(common.lora_base_warning(c))
+    self.assertIsNone(blocks.lora_base_warning(c))
 
   def test_bfloat16_base(self):
     # lora.base_dtype=bfloat16 stores the frozen base in half the bytes; the
@@ -95,7 +97,7 @@ class LoraConfigTest(parameterized.TestCase):
     c.rl.update(dict(num_microbatches=1, learning_rate=1e-2))
     c.algorithm_kwargs.entropy_coef = 0.01  # random base: every reward alike, advantages 0
     c.lora.update(dict(rank=4, base_dtype="bfloat16"))
-    exp = common.Experiment(c)
+    exp = experiment.Experiment(c)
     params = exp.init_params()
     self.assertEqual({x.dtype for x in jax.tree.leaves(params.base)}, {np.dtype(jnp.bfloat16)})
     self.assertEqual({x.dtype for x in jax.tree.leaves(params.adapters)}, {np.dtype("float32")})
@@ -113,7 +115,7 @@ class LoraConfigTest(parameterized.TestCase):
     c.lora.base_dtype = "float16"
     with self.assertRaisesRegex(ValueError, r"config.lora.base_dtype='float16': must be one of "
                                 r"\('float32', 'bfloat16'\)"):
-      common.validate(c)
+      spec.validate(c)
 
   def test_family_without_the_module_names_the_field(self):
     from jagent.models import _lora  # pylint: disable=g-import-not-at-top
@@ -122,7 +124,7 @@ class LoraConfigTest(parameterized.TestCase):
     with mock.patch.dict(_lora.FAMILY_MODULES, {"qwen2": ("q", "k", "v", "o")}):
       with self.assertRaisesRegex(ValueError, r"config.lora.target_modules='q,up': model "
                                   r"family 'qwen2' has no \['up'\]"):
-        common.validate(c)
+        spec.validate(c)
 
 
 _KILL_AT = 6  # after the checkpoint at step 4 of 8
@@ -176,17 +178,17 @@ class HeldOutOfBaseTest(absltest.TestCase):
     lora.rl.steps = 10
     lora.sft.steps = 0
 
-    exp = common.Experiment(lora)
+    exp = experiment.Experiment(lora)
     env, env_params = exp.env, exp.env_params
 
     def levels(keys):
       states = jax.vmap(lambda k: env.reset(k, env_params)[1])(keys)
       return {row.tobytes() for row in np.asarray(jax.vmap(env.render_symbols)(states))}
 
-    base_levels = levels(common.trained_reset_keys(base))
-    own_levels = levels(common.trained_reset_keys(lora))
+    base_levels = levels(spec.trained_reset_keys(base))
+    own_levels = levels(spec.trained_reset_keys(lora))
     # Held out of its own levels only (as before), the set holds base levels.
-    own_only, removed_own = exp.held_out_keys(common.trained_reset_keys(lora))
+    own_only, removed_own = exp.held_out_keys(spec.trained_reset_keys(lora))
     self.assertNotEmpty(levels(own_only) & base_levels)
     evaluated = levels(exp.eval_keys)
     self.assertEmpty(evaluated & base_levels)
@@ -194,10 +196,10 @@ class HeldOutOfBaseTest(absltest.TestCase):
     self.assertGreater(exp.eval_levels_removed, removed_own)
     self.assertEqual(exp.held_out_base_runs, [os.path.join(base_dir, "config.json")])
     # A base outside a run directory (no config.json beside it) adds nothing.
-    self.assertEqual(common.base_runs(base), [])
+    self.assertEqual(spec.base_runs(base), [])
     moved = lora.copy_and_resolve_references()
     moved.model_dir = os.path.join(root, "elsewhere", "policy")
-    self.assertEqual(common.base_runs(moved), [])
+    self.assertEqual(spec.base_runs(moved), [])
 
 
 def _forward(params, config, ids):
@@ -215,13 +217,13 @@ class LoraBanditTest(absltest.TestCase):
     super().setUpClass()
     cls.root = tempfile.mkdtemp(prefix="lora_test_")
     # The base: SFT only, exported as experiments.train exports a policy.
-    base_exp = common.Experiment(_base_config())
+    base_exp = experiment.Experiment(_base_config())
     params = base_exp.sft(train_job._NoWriter(), progress=False)  # pylint: disable=protected-access
     base_exp.export(os.path.join(cls.root, "base"), params)
     cls.base_dir = os.path.join(cls.root, "base", "policy")
     cls.config = _lora_config(cls.base_dir)
     cls.workdir = os.path.join(cls.root, "lora")
-    with mock.patch.object(common.logging, "warning") as warning:
+    with mock.patch.object(experiment.logging, "warning") as warning:
       cls.summary = train_job.run(cls.config, cls.workdir, progress=False)
     cls.warnings = [c.args for c in warning.call_args_list]
 
@@ -242,7 +244,7 @@ class LoraBanditTest(absltest.TestCase):
     self.assertGreaterEqual(s["rl"]["success"] - s["sft"]["success"], 0.1, s)
 
   def test_checkpoint_holds_adapters_and_their_moments_only(self):
-    exp = common.Experiment(self.config)
+    exp = experiment.Experiment(self.config)
     adapters = sum(x.size for x in jax.tree.leaves(
         models.split_frozen(exp.with_lora(exp.init_params()))[0]))
     path = os.path.join(self.workdir, "checkpoints", "8", "state")
@@ -271,7 +273,7 @@ class LoraBanditTest(absltest.TestCase):
     # The adapters moved the policy (the base's logits differ).
     self.assertGreater(np.abs(_forward(base, config, ids) - want).max(), 1e-2)
     # And they are the checkpoint's (the trained state's) adapters.
-    exp = common.Experiment(self.config)
+    exp = experiment.Experiment(self.config)
     state, _ = exp.checkpointer(self.workdir).restore(exp.rl_state_target())
     for got, ckpt in zip(jax.tree.leaves(peft.adapters), jax.tree.leaves(state.params.adapters)):
       np.testing.assert_allclose(got, np.asarray(ckpt), rtol=0, atol=0)
@@ -290,7 +292,7 @@ class LoraBanditTest(absltest.TestCase):
       np.testing.assert_array_equal(got, want)
     self.assertIsNone(s["params"].base)
     self.assertTrue(all(x.shape[0] == 2 for x in jax.tree.leaves(s["params"])))
-    exp = common.Experiment(self.config)
+    exp = experiment.Experiment(self.config)
     state, _ = exp.checkpointer(self.workdir).restore(exp.rl_state_target())
     for got, want in zip(jax.tree.leaves(s["params"].adapters),
                          jax.tree.leaves(state.params.adapters)):

@@ -103,7 +103,7 @@ class MemoryBenchmarkTest(absltest.TestCase):
     for spec, n in (("data:1", 1), ("data:2", 2), ("fsdp:2", 2)):
       c = fv.config.copy_and_resolve_references()
       c.mesh = spec
-      exp = memory.common.Experiment(c, devices=jax.devices()[:n])
+      exp = memory.experiment.Experiment(c, devices=jax.devices()[:n])
       by_mesh[spec] = memory.state_bytes(exp)
     self.assertEqual(by_mesh["data:2"], by_mesh["data:1"])  # replicated weights
     fsdp = by_mesh["fsdp:2"]
@@ -114,7 +114,7 @@ class MemoryBenchmarkTest(absltest.TestCase):
 
   def test_with_layers_changes_only_the_depth(self):
     fv = _flag_values()
-    exp = memory.common.Experiment(fv.config)
+    exp = memory.experiment.Experiment(fv.config)
     one = memory.with_layers(exp, 1)
     self.assertEqual((one.model_config.num_layers, one.train_config.model.num_layers), (1, 1))
     self.assertEqual(exp.model_config.num_layers, 2)  # the original is unchanged

@@ -32,8 +32,9 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import common
 from experiments import eval as eval_job
+from experiments import experiment
+from experiments import spec
 from experiments.configs import tiny
 from jagent import train as jtrain
 from tests import testenv
@@ -87,7 +88,7 @@ def _leaves(state):
 
 
 def _restore(workdir, mesh, step=_STEPS):
-  exp = common.Experiment(_config(mesh))
+  exp = experiment.Experiment(_config(mesh))
   ckpt = exp.checkpointer(workdir)
   steps = ckpt.all_steps()
   state, _ = ckpt.restore(exp.rl_state_target(), step)
@@ -237,18 +238,18 @@ class MeshConfigTest(absltest.TestCase):
         ("data:8", None, r"config\.mesh='data:8': .*does not divide the 4 rows of "
                          r"rollout\.num_groups x rollout\.group_size"),
     )
-    for spec, devices, message in cases:
+    for mesh, devices, message in cases:
       with self.assertRaisesRegex(ValueError, message):
-        common.Experiment(_config(spec), devices=devices)
+        experiment.Experiment(_config(mesh), devices=devices)
     c = _config("data:4")
     c.eval.num_groups = c.eval.num_levels = 6
     with self.assertRaisesRegex(ValueError, r"config\.mesh='data:4': .*6 rows of eval"):
-      common.validate(c, 4)
+      spec.validate(c, 4)
     c = _config("fsdp:2")
     c.sft.update(steps=2, num_demos=8, batch_size=3)
     with self.assertRaisesRegex(ValueError, r"config\.mesh='fsdp:2': .*sft\.batch_size"):
-      common.validate(c, 2)
-    common.validate(_config("data:2,tensor:2"), 4)  # tensor does not split rows
+      spec.validate(c, 2)
+    spec.validate(_config("data:2,tensor:2"), 4)  # tensor does not split rows
 
 
 if __name__ == "__main__":

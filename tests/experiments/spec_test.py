@@ -6,7 +6,9 @@ Nothing here builds a model or compiles.
 from absl.testing import absltest
 import ml_collections
 
-from experiments import common
+from experiments import blocks
+from experiments import experiment
+from experiments import fields
 from experiments import spec
 from experiments.configs import tiny
 
@@ -68,9 +70,9 @@ class UpgradeTest(absltest.TestCase):
                       now.diagnostics.every, now.eval.held_out), (0, 4, 25, True))
     self.assertNotIn("history_turns", old.rollout)  # the input is left as it was
     # What the run builds from it: the full history, one micro-batch.
-    self.assertEqual(common.rollout_config(up).history_turns, -1)
-    self.assertIsNone(common.lora_config(up))
-    common.validate(old)
+    self.assertEqual(blocks.rollout_config(up).history_turns, -1)
+    self.assertIsNone(blocks.lora_config(up))
+    spec.validate(old)
 
   def test_current_config_is_unchanged(self):
     for arg in ("Bandit-v0,starpo_s", "Sokoban-6x6-1box-v0,grpo"):
@@ -107,11 +109,11 @@ class RunSpecTest(absltest.TestCase):
   def test_built_once_from_the_config(self):
     c = tiny.get_config("Sokoban-6x6-1box-v0,starpo_s")
     c.compute_dtype = "bfloat16"
-    s = common.RunSpec.from_config(c)
+    s = spec.RunSpec.from_config(c)
     self.assertEqual(s.config.to_json_best_effort(sort_keys=True),
                      c.to_json_best_effort(sort_keys=True))
-    self.assertEqual(s.rollout, common.rollout_config(c))
-    self.assertEqual(s.prompt, common.prompt_config(c))
+    self.assertEqual(s.rollout, blocks.rollout_config(c))
+    self.assertEqual(s.prompt, blocks.prompt_config(c))
     # The micro model (d64, 4 layers) computing in the config's dtype.
     self.assertEqual((s.model.embed_dim, s.model.num_layers, s.model.dtype), (64, 4, "bfloat16"))
     # StarPO-S keeps the top half of 16 groups; 8 x 8 rows in 2 minibatches of 4 chunks.
@@ -124,12 +126,12 @@ class RunSpecTest(absltest.TestCase):
     self.assertEqual(s.num_devices, 1)
     # -1: one row per device in each micro-batch (one device: 32 rows a minibatch).
     c.rl.num_microbatches = -1
-    self.assertEqual(common.RunSpec.from_config(c).train.num_microbatches, 32)
+    self.assertEqual(spec.RunSpec.from_config(c).train.num_microbatches, 32)
 
   def test_the_experiment_holds_the_spec(self):
     c = tiny.get_config("Bandit-v0,starpo_s")
-    s = common.RunSpec.from_config(c)
-    exp = common.Experiment(s)
+    s = spec.RunSpec.from_config(c)
+    exp = experiment.Experiment(s)
     self.assertIs(exp.spec, s)
     self.assertIs(exp.config, s.config)
     for mine, theirs in ((exp.rollout_config, s.rollout), (exp.train_config, s.train),
@@ -141,7 +143,7 @@ class RunSpecTest(absltest.TestCase):
   def test_model_dir_is_read_only_by_the_spec(self):
     c = tiny.get_config("Bandit-v0,starpo_s")
     c.model_dir = "/nonexistent"
-    common.validate(c)  # checks only: the nano config stands in
-    with self.assertRaisesRegex(common.ConfigError,
+    spec.validate(c)  # checks only: the nano config stands in
+    with self.assertRaisesRegex(fields.ConfigError,
                                 r"^config\.model_dir='/nonexistent': no config\.json there"):
-      common.RunSpec.from_config(c)
+      spec.RunSpec.from_config(c)

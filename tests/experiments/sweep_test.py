@@ -1,7 +1,7 @@
 """Tests of ``experiments.sweep``: many runs of one config in one program per stage.
 
 The evidence: a sweep of 2 seeds equals 2 separate runs (the stages of
-``experiments.train`` through :class:`experiments.common.Experiment`: its
+``experiments.train`` through :class:`experiments.experiment.Experiment`: its
 SFT loop, ``rl_step`` and ``evaluate``), bit for bit with
 ``batching="map"``. The vmapped RL iteration with traced learning rates
 equals separate runs in tests/jagent/train/rl_test.py (with ``vmap`` the
@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import common
+from experiments import experiment
 from experiments import sweep
 from experiments.configs import tiny
 from tests import testenv
@@ -62,7 +62,7 @@ class _NoWriter:
 
 def _separate_run(config):
   """The run of ``config`` through the non-vmapped path (experiments.train's stages)."""
-  exp = common.Experiment(config)
+  exp = experiment.Experiment(config)
   params = exp.sft(_NoWriter(), progress=False)
   sft_params = params
   figures = {}
@@ -238,7 +238,7 @@ class SweepSpecTest(absltest.TestCase):
         ("rl.learning_rate=1e-3,-1e-3", "not positive", "positive finite"),
     ]
     # Raised while listing the runs: no Experiment is built, nothing compiles.
-    with mock.patch.object(common, "Experiment", side_effect=AssertionError("built")):
+    with mock.patch.object(experiment, "Experiment", side_effect=AssertionError("built")):
       for spec, name, message in cases:
         with self.subTest(name):
           with self.assertRaisesRegex(ValueError, message) as cm:

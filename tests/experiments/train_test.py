@@ -45,8 +45,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from experiments import common
 from experiments import eval as eval_job
+from experiments import experiment
+from experiments import fields
+from experiments import stats
 from experiments import train as train_job
 from experiments.configs import tiny
 from jagent import train as jtrain
@@ -271,7 +273,7 @@ class _Killed(Exception):
 def _assert_resumes(test, config, want_workdir, want_summary, workdir, kill_at):
   """Runs ``config`` in ``workdir`` killed at RL step ``kill_at``, then resumed;
   asserts it ends as the uninterrupted run in ``want_workdir`` did."""
-  real_step = common.Experiment.rl_step
+  real_step = experiment.Experiment.rl_step
 
   def dying_step(exp, state, step):
     if step == kill_at:
@@ -285,10 +287,10 @@ def _assert_resumes(test, config, want_workdir, want_summary, workdir, kill_at):
 
   # A first attempt dies during SFT (before checkpoint 0); the rerun starts
   # over and must not keep that attempt's records.
-  with mock.patch.object(common.Experiment, "sft", dying_sft):
+  with mock.patch.object(experiment.Experiment, "sft", dying_sft):
     with test.assertRaises(_Killed):
       _run(config, workdir)
-  with mock.patch.object(common.Experiment, "rl_step", dying_step):
+  with mock.patch.object(experiment.Experiment, "rl_step", dying_step):
     with test.assertRaises(_Killed):
       _run(config, workdir)
   # Steps 1..kill_at were logged; the last checkpoint is before kill_at.
@@ -301,14 +303,14 @@ def _assert_resumes(test, config, want_workdir, want_summary, workdir, kill_at):
   # nothing again and writes no record twice.
   last = kill_at // config.checkpoint.every * config.checkpoint.every
   steps = config.rl.steps
-  with mock.patch.object(common.Experiment, "export", side_effect=_Killed("export")), \
+  with mock.patch.object(experiment.Experiment, "export", side_effect=_Killed("export")), \
        mock.patch.object(train_job, "announce", wraps=train_job.announce) as said:
     with test.assertRaises(_Killed):
       _run(config, workdir)
   test.assertEqual(said.call_args_list[0].args[0],
                    f"resuming from step {last} of {steps} in {workdir}")
   test.assertFalse(os.path.exists(os.path.join(workdir, "eval_summary.json")))
-  with mock.patch.object(common.Experiment, "evaluate_all") as evaluate_all, \
+  with mock.patch.object(experiment.Experiment, "evaluate_all") as evaluate_all, \
        mock.patch.object(train_job, "announce", wraps=train_job.announce) as said:
     summary = _run(config, workdir)
   evaluate_all.assert_not_called()
@@ -327,7 +329,7 @@ def _assert_resumes(test, config, want_workdir, want_summary, workdir, kill_at):
   test.assertEqual({k: v for k, v in summary.items() if k != "seconds"},
                    {k: v for k, v in want_summary.items() if k != "seconds"})
   # Same final train state, every leaf (params, optimizer, rng, counters).
-  exp = common.Experiment(config)
+  exp = experiment.Experiment(config)
   want_state, _ = _restore(exp, want_workdir)
   got_state, meta = _restore(exp, workdir)
   test.assertEqual(int(got_state.step), want_summary["steps"])
@@ -369,7 +371,7 @@ class TrainTest(absltest.TestCase):
     other = self.config.copy_and_resolve_references()
     other.rollout.temperature = 0.7
     other.rl.learning_rate = 3e-3
-    with mock.patch.object(common.Experiment, "rl_state_target") as target:
+    with mock.patch.object(experiment.Experiment, "rl_state_target") as target:
       with self.assertRaisesRegex(
           ValueError, r"--workdir=.* holds checkpoints of another config \(config\.rl\."
           r"learning_rate: .* -> 0\.003, config\.rollout\.temperature: 1\.0 -> 0\.7\); "):
@@ -400,11 +402,11 @@ class TrainTest(absltest.TestCase):
   def test_evaluate_at_another_temperature(self):
     # Experiment.evaluate(temperature=t) equals the evaluation of a config
     # whose eval.temperature is t (and is not the default 0.5 evaluation).
-    exp = common.Experiment(self.config)
+    exp = experiment.Experiment(self.config)
     params = _restore(exp, self.workdir)[0].params
     hot = self.config.copy_and_resolve_references()
     hot.eval.temperature = 2.0
-    want = common.Experiment(hot).evaluate(params)
+    want = experiment.Experiment(hot).evaluate(params)
     got = exp.evaluate(params, temperature=2.0)
     self.assertEqual(got, want)
     self.assertNotEqual(got, exp.evaluate(params))
@@ -466,7 +468,7 @@ class TrainTest(absltest.TestCase):
       # 95% Wilson intervals over the 32 levels.
       for k in ("success", "greedy_success"):
         lo, hi = summary[stage][f"{k}_ci95"]
-        self.assertEqual((lo, hi), common.wilson_interval(summary[stage][k], 32))
+        self.assertEqual((lo, hi), stats.wilson_interval(summary[stage][k], 32))
         self.assertBetween(summary[stage][k], lo, hi)
     self.assertEqual(summary["steps"], _RL_STEPS)
     self.assertIsNone(summary["stopped"])
@@ -535,7 +537,7 @@ class TrainTest(absltest.TestCase):
 
   def test_each_evaluation_prints_one_line(self):
     def line(label, step, m):
-      (lo, hi), (glo, ghi) = (common.wilson_interval(m[k], 32)
+      (lo, hi), (glo, ghi) = (stats.wilson_interval(m[k], 32)
                               for k in ("success", "greedy_success"))
       return (f"eval {label} (step {step}): success {m['success']:.3f} [{lo:.3f}, {hi:.3f}] "
               f"at T=0.5, greedy {m['greedy_success']:.3f} [{glo:.3f}, {ghi:.3f}] "
@@ -620,7 +622,7 @@ class WindowedTrainTest(absltest.TestCase):
     self.assertEqual(lines[2], stopped)
     # The compacted batch holds turn rows: 2 kept slots x 2 episodes x 3 turns
     # of the one-turn context S (not episodes of the full-history context).
-    exp = common.Experiment(config)
+    exp = experiment.Experiment(config)
     self.assertEqual(exp.rollout_config.history_turns, 0)
     records = jtrain.read_metrics(os.path.join(workdir, "metrics.jsonl"))
     rl = [r for r in records if "rollout/success" in r]
@@ -704,7 +706,7 @@ class DamagedCheckpointTest(absltest.TestCase):
     self.assertEqual(
         [_deterministic(r) for r in jtrain.read_metrics(os.path.join(damaged, "metrics.jsonl"))],
         [_deterministic(r) for r in jtrain.read_metrics(os.path.join(whole, "metrics.jsonl"))])
-    exp = common.Experiment(config)
+    exp = experiment.Experiment(config)
     (w_state, _), (g_state, meta) = _restore(exp, whole), _restore(exp, damaged)
     self.assertEqual(int(g_state.step), 3)
     self.assertEqual(meta["summary"]["rl"], want["rl"])
@@ -718,9 +720,9 @@ class DamagedCheckpointTest(absltest.TestCase):
                             "back (checkpoint 3: ") + r".+; checkpoint 2: .+; checkpoint 1: .+" + (
         re.escape(f"). Remove {damaged}/checkpoints to start the run over (its config.json "
                   "stays), or pass a new --workdir.") + "$")
-    with self.assertRaisesRegex(common.ConfigError, error):
+    with self.assertRaisesRegex(fields.ConfigError, error):
       _run(config, damaged)
-    with self.assertRaisesRegex(common.ConfigError, error):
+    with self.assertRaisesRegex(fields.ConfigError, error):
       eval_job.evaluate_run(damaged)
 
 

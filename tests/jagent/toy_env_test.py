@@ -27,7 +27,7 @@ import numpy as np
 from flax import struct
 
 import envs_jax
-from experiments import common
+from experiments import experiment
 from experiments import train as train_job
 from experiments.configs import tiny
 from jagent import rollout
@@ -111,7 +111,7 @@ class ToyEnvTest(absltest.TestCase):
     envs_jax.register(_ENV_ID, lambda **kw: envs_jax.TimeLimit(Copy(**kw), 1))
     cls.root = tempfile.mkdtemp(prefix="toy_env_test_")
     cls.config = _config()
-    cls.exp = common.Experiment(cls.config)
+    cls.exp = experiment.Experiment(cls.config)
     cls.init_eval = cls.exp.evaluate(cls.exp.init_params())
     cls.demos = cls.exp.demonstrations()
     cls.summary = train_job.run(cls.config, cls.root, progress=False)

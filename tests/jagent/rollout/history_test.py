@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import envs_jax
-from experiments import common
+from experiments import blocks
 from experiments.configs import tiny
 from jagent import models
 from jagent import rollout
@@ -214,14 +214,14 @@ class HistoryConfigTest(absltest.TestCase):
   def test_experiments_config_field(self):
     config = tiny.get_config()
     # The main job trains one row per turn; -1 is the whole conversation.
-    self.assertEqual(common.rollout_config(config).history_turns, 0)
-    self.assertEqual(common.eval_rollout_config(config).history_turns, 0)
+    self.assertEqual(blocks.rollout_config(config).history_turns, 0)
+    self.assertEqual(blocks.eval_rollout_config(config).history_turns, 0)
     config.rollout.history_turns = -1
-    self.assertEqual(common.rollout_config(config).history_turns, -1)
-    self.assertEqual(common.eval_rollout_config(config).history_turns, -1)
+    self.assertEqual(blocks.rollout_config(config).history_turns, -1)
+    self.assertEqual(blocks.eval_rollout_config(config).history_turns, -1)
     config.rollout.history_turns = -3
     with self.assertRaisesRegex(ValueError, "config.rollout.history_turns=-3"):
-      common.rollout_config(config)
+      blocks.rollout_config(config)
 
 
 if __name__ == "__main__":

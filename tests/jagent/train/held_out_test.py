@@ -5,7 +5,7 @@ import jax
 import numpy as np
 
 import envs_jax
-from experiments import common
+from experiments import experiment
 from experiments.configs import tiny
 from jagent import rollout
 from jagent import train
@@ -49,7 +49,7 @@ class ExperimentHeldOutTest(absltest.TestCase):
     c = tiny.get_config("Sokoban-6x6-1box-v0,starpo_s")
     c.rl.steps = 40
     c.eval.update(dict(num_levels=128, num_groups=64))
-    exp = common.Experiment(c)
+    exp = experiment.Experiment(c)
     # The training levels, derived independently: each RL step's key and the
     # SFT demonstrations' key, split as a rollout splits them.
     trained = [rollout.group_reset_keys(exp.rl_key(s), c.rollout.num_groups)
