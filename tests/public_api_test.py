@@ -389,6 +389,7 @@ _REGISTERED_IDS = [
     "Countdown-v0",
     "FrozenLake-4x4-det-v0",
     "FrozenLake-4x4-v0",
+    "Game2048-4x4-tile16-v0",
     "Game2048-4x4-v0",
     "RubiksCube-2x2-v0",
     "Sokoban-6x6-1box-altsym-v0",

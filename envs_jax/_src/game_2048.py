@@ -1,9 +1,15 @@
 """2048 in pure JAX: RAGEN-2's ``Game2048-4x4-v0``.
 
-Id (registered on import): ``Game2048-4x4-v0``, the 4x4 board wrapped in
+Ids (registered on import): ``Game2048-4x4-v0``, the 4x4 board wrapped in
 :class:`~envs_jax.TimeLimit` with 700 steps (RAGEN's ``config/envs.yaml``
 ``max_actions_per_traj`` for ``game_2048``; RAGEN's env itself never
-truncates).
+truncates), with RAGEN's success (the game over with a 2048 tile, out of
+reach of a 10-move agent budget); ``Game2048-4x4-tile16-v0``, the same with
+``target_tile=16``: making a 16 is success and ends the episode. Within 10
+moves the greedy expert makes a 16 in about half the games and random valid
+moves in about one in eight; 32 is almost never reachable and 64 never (10
+spawns of at most 4 on two tiles of at most 4 sum to at most 48):
+docs/results.md, "2048's success threshold".
 
 Rules (RAGEN's ``ragen/env/game_2048``, the usual 2048): a move slides every
 tile as far as it goes towards one side; two equal tiles that meet merge into
@@ -32,6 +38,7 @@ from envs_jax._src import wrappers
 UP, RIGHT, DOWN, LEFT = 0, 1, 2, 3
 ACTION_NAMES = ("Up", "Right", "Down", "Left")
 MAX_STEPS = 700  # RAGEN's max_actions_per_traj for game_2048
+AGENT_TARGET_TILE = 16  # Game2048-4x4-tile16-v0's target: reachable in 10 moves
 _TILE_DIGITS = 6  # a 4x4 board's largest tile is 2**17 = 131072
 _SCORE_DIGITS = 8  # a 4x4 game scores below 4 million
 
@@ -220,7 +227,8 @@ _VALID_NAMES = tuple(f"{a}({name})" for a, name in enumerate(ACTION_NAMES))
 _GRID_HEAD = "Current 2048 Grid:\nRow 1: ["
 _AFTER_GRID = "]\n\nValid Actions: "
 _NONE = "None"
-_AFTER_ACTIONS = ".\nGoal: Merge same numbers to reach 2048.\nCurrent Score: "
+_AFTER_ACTIONS = ".\nGoal: Merge same numbers to reach {goal}.\nCurrent Score: "
+RAGEN_GOAL = 2048  # RAGEN's success: the game over with a tile of at least this
 _TAIL = "\nWhat is your next move?"
 
 
@@ -238,27 +246,29 @@ class Game2048(environment.Environment[Game2048State, Game2048Params]):
   ``params.invalid_reward`` (-0.1), board unchanged, no spawn.
 
   Termination: after a valid move and its spawn, no move changes the board
-  (RAGEN checks only after valid moves, as here). No truncation here (see
-  the registered id's ``TimeLimit``).
+  (RAGEN checks only after valid moves, as here); with ``target_tile`` set,
+  also a valid move that makes a tile of at least ``target_tile``. No
+  truncation here (see the registered id's ``TimeLimit``).
 
-  info: ``success`` (bool, terminated with a tile of at least 2048, RAGEN's
-  ``success``), ``action_effective`` (bool, the move was valid),
+  info: ``success`` (bool; ``target_tile`` None: terminated with a tile of
+  at least 2048, RAGEN's ``success``; else: a valid move left a tile of at
+  least ``target_tile``, in play the move that made the first one), ``action_effective`` (bool, the move was valid),
   ``merged`` (int32, the move's merged value, RAGEN's ``raw_reward`` when
   valid).
 
   Text: RAGEN's ``render()`` exactly: ``Current 2048 Grid:``, ``Row i: [a, b,
   c, d]`` per row, a blank line, ``Valid Actions: 0(Up), 2(Down).`` (or
-  ``None.``), the goal line, ``Current Score: s`` and ``What is your next
-  move?``.
+  ``None.``), the goal line (``reach 2048``, or ``reach <target_tile>``),
+  ``Current Score: s`` and ``What is your next move?``.
 
   Raises:
-    ValueError: on a bad ``size`` or ``two_prob``.
+    ValueError: on a bad ``size``, ``two_prob`` or ``target_tile``.
   """
 
   action_names = ACTION_NAMES
 
   def __init__(self, size: int = 4, two_prob: float = 0.9, log_reward: bool = True,
-               invalid_reward: float = -0.1):
+               invalid_reward: float = -0.1, target_tile: int | None = None):
     """Builds the env.
 
     Args:
@@ -266,6 +276,10 @@ class Game2048(environment.Environment[Game2048State, Game2048Params]):
       two_prob: default ``params.two_prob`` in [0, 1].
       log_reward: default ``params.log_reward``.
       invalid_reward: default ``params.invalid_reward``.
+      target_tile: None: RAGEN's success (the game over with a 2048 tile);
+        a power of two >= 8: making a tile that large is success and ends
+        the episode (a short agent budget can reach it; a spawn, 2 or 4,
+        never counts). Static.
 
     Raises:
       ValueError: naming the bad argument.
@@ -273,14 +287,21 @@ class Game2048(environment.Environment[Game2048State, Game2048Params]):
     size = checks.check_int("Game2048", "size", size, 2, 9)
     if not 0.0 <= float(two_prob) <= 1.0:
       raise ValueError(f"Game2048: two_prob must be in [0, 1], got {two_prob!r}")
+    if target_tile is not None and (
+        not isinstance(target_tile, (int, np.integer)) or isinstance(target_tile, bool)
+        or target_tile < 8 or target_tile & (target_tile - 1)):
+      raise ValueError(f"Game2048: target_tile must be None or a power of two >= 8 (a "
+                       f"tile only merges make), got {target_tile!r}")
+    self.target_tile = None if target_tile is None else int(target_tile)
     self.size = size
     self._two_prob = float(two_prob)
     self._log_reward = bool(log_reward)
     self._invalid_reward = float(invalid_reward)
     rows = tuple(f"]\nRow {r + 1}: [" for r in range(1, size))
+    self._after_actions = _AFTER_ACTIONS.format(goal=self.target_tile or RAGEN_GOAL)
     self.symbols = ((environment.PAD_SYMBOL,) + _DIGITS
                     + (_SEP, _GRID_HEAD) + rows
-                    + (_AFTER_GRID,) + _VALID_NAMES + (_NONE, _AFTER_ACTIONS, _TAIL))
+                    + (_AFTER_GRID,) + _VALID_NAMES + (_NONE, self._after_actions, _TAIL))
     self._id = {s: i for i, s in enumerate(self.symbols)}
 
   @property
@@ -299,10 +320,12 @@ class Game2048(environment.Environment[Game2048State, Game2048Params]):
   @property
   def instructions(self) -> str:
     """Our rules text: the goal, the merge rule, the penalty and the actions."""
+    goal = (f" You win when a tile reaches {self.target_tile}." if self.target_tile else "")
     return ("You play 2048 on a 4x4 grid. A move slides every tile to one side; two equal "
             "tiles that meet merge into their sum, which is added to your score. A move "
             "that changes nothing costs a small penalty. After each move a 2 or a 4 "
-            f"appears on an empty cell.\n{environment.actions_sentence(self.action_names)}")
+            f"appears on an empty cell.{goal}\n"
+            f"{environment.actions_sentence(self.action_names)}")
 
   @functools.cached_property
   def _moves_batch(self):
@@ -366,12 +389,18 @@ class Game2048(environment.Environment[Game2048State, Game2048Params]):
     valid = jnp.any(slid != state.board)
     u = jax.random.uniform(key, (self.size ** 2 + 1,))
     board = jnp.where(valid, spawn_tile(u, slid, params.two_prob), state.board)
-    terminated = valid & ~can_move(board)
+    stuck = valid & ~can_move(board)
+    if self.target_tile is None:  # RAGEN's rule
+      terminated = stuck
+      success = stuck & (jnp.max(board) >= RAGEN_GOAL)
+    else:  # only merges make the target (a spawn is 2 or 4 < 8 <= target)
+      success = valid & (jnp.max(slid) >= self.target_tile)
+      terminated = stuck | success
     log_r = jnp.where(m > 0, 0.1 * jnp.log2(m.astype(jnp.float32) + 1.0), 0.0)
     reward = jnp.where(valid, jnp.where(params.log_reward, log_r, m.astype(jnp.float32)),
                        params.invalid_reward).astype(jnp.float32)
     new_state = Game2048State(board=board, score=state.score + jnp.where(valid, m, 0))
-    info = {"success": terminated & (jnp.max(board) >= 2048), "action_effective": valid,
+    info = {"success": success, "action_effective": valid,
             "merged": jnp.where(valid, m, 0)}
     return (self.observation(new_state), new_state, reward, terminated,
             jnp.zeros((), jnp.bool_), info)
@@ -402,15 +431,20 @@ class Game2048(environment.Environment[Game2048State, Game2048Params]):
       sep = jnp.where(valid[a] & (a > first), ids[_SEP], 0)
       parts.append(jnp.stack([sep, jnp.where(valid[a], ids[_VALID_NAMES[a]], 0)]))
     parts.append(jnp.where(jnp.any(valid), 0, ids[_NONE])[None])
-    parts.append(jnp.asarray([ids[_AFTER_ACTIONS]], jnp.int32))
+    parts.append(jnp.asarray([ids[self._after_actions]], jnp.int32))
     parts.append(environment.number_symbols(state.score, digit0, int_digits=_SCORE_DIGITS))
     parts.append(jnp.asarray([ids[_TAIL]], jnp.int32))
     return jnp.concatenate([jnp.asarray(p, jnp.int32) for p in parts])
 
   def __repr__(self) -> str:
     return (f"Game2048(size={self.size}, two_prob={self._two_prob:.4g}, "
-            f"log_reward={self._log_reward}, invalid_reward={self._invalid_reward:.4g})")
+            f"log_reward={self._log_reward}, invalid_reward={self._invalid_reward:.4g}, "
+            f"target_tile={self.target_tile})")
 
 
 registration.register(
     "Game2048-4x4-v0", lambda **kw: wrappers.TimeLimit(Game2048(**kw), MAX_STEPS))
+registration.register(
+    "Game2048-4x4-tile16-v0",
+    lambda **kw: wrappers.TimeLimit(Game2048(**{"target_tile": AGENT_TARGET_TILE, **kw}),
+                                    MAX_STEPS))

@@ -249,9 +249,11 @@ class Sudoku(environment.Environment[SudokuState, SudokuParams]):
     self._id = {s: i for i, s in enumerate(self.symbols)}
     self.agent_defaults = environment.AgentDefaults(
         max_turns=max_actions, max_actions_per_traj=max_actions,
-        # "<answer>2,3,5</answer>" + EOS is 8 tokens of the tiny tokenizer;
-        # "place 5 at row 2 col 3" 19, and a model may write either.
-        max_tokens_per_turn=23, system="You play Sudoku.")
+        # The expert's "<answer>2,3,5</answer>" + EOS is 8 tokens of the tiny
+        # tokenizer, + 2 of slack. "place 5 at row 2 col 3" (19) also parses: a
+        # model that writes it needs rollout.max_tokens_per_turn >= 21. Every
+        # reply token of every turn is a decode step (docs/results.md, Sudoku).
+        max_tokens_per_turn=10, system="You play Sudoku.")
 
   @property
   def default_params(self) -> SudokuParams:

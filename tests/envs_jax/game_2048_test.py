@@ -1,5 +1,7 @@
 """Tests of Game2048-4x4-v0: merge and reward rules vs Jumanji, RAGEN's text, spawns, expert.
 
+Also ``target_tile`` (Game2048-4x4-tile16-v0).
+
 Every test steps, resets and slides through the same few compiled programs
 (batch ``BATCH``; params are traced, so changing them does not recompile):
 compiles, not the games, are what these tests cost.
@@ -211,6 +213,46 @@ class ExpertTest(absltest.TestCase):
     two = GAME.expert_answers([jax.tree.map(lambda x: x[0], start)], [PARAMS],
                               actions_per_turn=3)[0]
     self.assertTrue(1 <= len(two.split(" || ")) <= 3)
+
+
+class TargetTileTest(absltest.TestCase):
+  """``target_tile``: making the tile is success and ends the episode; unset: RAGEN's rule."""
+
+  def test_reaching_the_target_ends_with_success(self):
+    env, params = envs_jax.make("Game2048-4x4-tile16-v0")
+    game = env.unwrapped
+    self.assertEqual(game.target_tile, 16)
+    step16 = jax.jit(jax.vmap(game.step, in_axes=(0, 0, 0, None)))
+    keys = KEYS[:8]
+    # Row 1: Left merges 8 + 8 into the target 16; row 2: 4 + 4 = 8, short of it;
+    # row 3: Left makes no 16, and the spawn in the corner leaves no move iff it is a 2.
+    boards = np.zeros((8, 4, 4), np.int32)
+    boards[0, 0, :2] = 8
+    boards[1, 0, :2] = 4
+    boards[2] = [[2, 4, 2, 4], [4, 2, 4, 2], [2, 4, 2, 4], [4, 2, 0, 8]]
+    actions = np.full(8, game_2048.LEFT, np.int32)
+    state = game_2048.Game2048State(board=jnp.asarray(boards), score=jnp.zeros(8, jnp.int32))
+    _, s, r, terminated, _, info = jax.device_get(step16(keys, state, jnp.asarray(actions),
+                                                         params))
+    self.assertEqual(s.board[0, 0, 0], 16)
+    np.testing.assert_array_equal(s.board[2, 3, :3], [4, 2, 8])
+    np.testing.assert_array_equal(info["success"][:3], [True, False, False])
+    np.testing.assert_array_equal(terminated[:3], [True, False, s.board[2, 3, 3] == 2])
+    self.assertAlmostEqual(float(r[0]), 0.1 * np.log2(17), places=6)  # rewards unchanged
+    # RAGEN's rule on the same move: a 16 neither ends the game nor succeeds.
+    _, _, _, terminated, _, info = step([boards[0]], [game_2048.LEFT], PARAMS)
+    self.assertFalse(terminated.any() or info["success"].any())
+    # The goal line names the target; RAGEN's says 2048.
+    self.assertIn("Goal: Merge same numbers to reach 16.\n", game.render_text(
+        jax.tree.map(lambda x: x[0], s)))
+    self.assertIn("reach 2048.", text(boards[0]))
+    self.assertIn("You win when a tile reaches 16.", game.instructions)
+
+  def test_bad_target_raises(self):
+    for bad in (4, 12, 2, 0, -16, True, 16.0, "16"):
+      with self.assertRaisesRegex(ValueError, f"target_tile .*got {bad!r}"):
+        game_2048.Game2048(target_tile=bad)
+    self.assertEqual(game_2048.Game2048(target_tile=np.int64(32)).target_tile, 32)
 
 
 class BadArgumentsTest(absltest.TestCase):

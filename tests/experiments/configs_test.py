@@ -4,6 +4,7 @@ import json
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import jax
 
 import envs_jax
 from experiments import experiment
@@ -37,9 +38,19 @@ class TinyConfigsTest(parameterized.TestCase):
   @parameterized.parameters(*sorted(envs_jax.registered()))
   def test_expert_answers_fit_a_turn(self, env_id):
     c = tiny.get_config(f"{env_id},starpo_s")
-    env, _ = envs_jax.make(env_id)
-    # The longest action name, or a long Countdown expression.
-    answers = list(env.action_names) or ["(99 - 98) + (97 - 96)"]
+    env, params = envs_jax.make(env_id)
+    # Every action name; free text: the expert's answers on 8 levels (Countdown: and
+    # a long expression).
+    answers = list(env.action_names)
+    if not answers:
+      batch = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))(
+          jax.random.split(jax.random.key(0), 8), params)[1]
+      batch = jax.device_get(getattr(batch, "env_state", batch))
+      states = [jax.tree.map(lambda x, i=i: x[i], batch) for i in range(8)]
+      answers = env.expert_answers(states, [params] * 8)
+      self.assertLen(answers, 8)
+      if env_id == "Countdown-v0":
+        answers.append("(99 - 98) + (97 - 96)")
     for a in answers:
       n = len(TOK.encode(f"<answer>{a}</answer>")) + 1  # + EOS
       self.assertLessEqual(n, c.rollout.max_tokens_per_turn, f"{env_id}: {a}")
