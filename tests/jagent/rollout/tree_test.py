@@ -17,6 +17,7 @@ import numpy as np
 
 import envs_jax
 from jagent import rollout
+from jagent import sharding
 from jagent import train
 from jagent.rollout import _rollout
 from jagent.rollout import _tree
@@ -221,6 +222,53 @@ class TreeMetricsTest(parameterized.TestCase):
                 for s, v in zip(t.scores.reshape(-1, g), played.reshape(-1, g))]
     self.assertAlmostEqual(float(fm["filter/reward_std_before"]), float(np.mean(unbiased)),
                            places=6)
+
+
+_SAME = ("tokens", "loss_mask", "length", "turn_rewards", "scores", "num_turns", "end_reason",
+         "reply_lengths", "row_valid", "tree_node", "tree_parent", "tree_depth")
+
+
+class TreeShardedVmappedTest(parameterized.TestCase):
+  """The tree rollout on a 2-device mesh (rows over ``data``) and vmapped over
+  rollout keys equals the one-device, one-key program: one tree of 4 rows
+  (forks at turns 0 and 1, K = 2, every node), 2 rows a device, so a fork
+  copies rows across the devices."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.text_env = _text_env()
+    cls.config = _config(tree=rollout.TreeConfig(fork_turns=(0, 1), branches=2), num_groups=1)
+    cls.params = random_params(4)
+    # In a dict: a function class attribute would bind as a method.
+    cls.fns = {"one": rollout.make_rollout(cls.text_env, MICRO, cls.config)}
+
+  def _assert_same(self, got, want):
+    for f in _SAME:
+      np.testing.assert_array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(want, f)),
+                                    err_msg=f)
+    np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(want.logprobs), rtol=1e-5,
+                               atol=1e-6)
+    self.assertEqual(got.tree_size, want.tree_size)
+
+  def test_mesh_equals_one_device(self):
+    mesh = sharding.make_mesh("data:2", jax.devices()[:2])
+    key = jax.random.key(7)
+    got = sharding.shard_rollout(self.text_env, MICRO, self.config, mesh)(self.params, key)
+    want = self.fns["one"](self.params, key)
+    self.assertEqual(got.tokens.addressable_shards[0].data.shape[0], 2)  # rows split in two
+    self._assert_same(got, want)
+    # Rows 2, 3 (device 1) hold copies of turn 0, sampled by row 0 or 1 (device 0).
+    owner0 = np.asarray(want.tree_node)[:, 0] // self.config.max_turns
+    np.testing.assert_array_equal(np.sort(owner0), [0, 0, 1, 1])
+
+  def test_vmap_over_keys_equals_each_key(self):
+    keys = jax.random.split(jax.random.key(8), 2)
+    fn = self.fns["one"]
+    both = jax.vmap(fn, in_axes=(None, 0))(self.params, keys)
+    for i in range(2):
+      self._assert_same(jax.tree.map(lambda x, i=i: x[i], both), fn(self.params, keys[i]))
+    self.assertFalse(np.array_equal(np.asarray(both.tokens[0]), np.asarray(both.tokens[1])))
 
 
 class TreeConfigErrorsTest(parameterized.TestCase):
