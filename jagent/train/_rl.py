@@ -104,11 +104,12 @@ def compact_groups(traj: _trajectory.Trajectory, num_keep: int,
   """Keeps the ``num_keep`` groups the uncertainty filter ranks first.
 
   Groups are ranked by :func:`jagent.losses.filter_groups` on RAW trajectory
-  scores (StarPO-S) of their played episodes (``Trajectory.played``); the kept ones come first (ties to the lower index), and
-  their rows are gathered into a trajectory of ``num_keep * G`` rows. A
-  group the filter does not keep but that fills a slot (e.g. zero-std groups
-  with ``include_zero=False``) has its loss mask zeroed, so it trains
-  nothing. Jittable (``num_keep`` static).
+  scores (StarPO-S) of their played episodes (``Trajectory.played``); the
+  kept ones come first (ties to the lower index), and their rows are
+  gathered into a trajectory of ``num_keep * G`` rows. A group the filter
+  does not keep but that fills a slot (e.g. zero-std groups with
+  ``include_zero=False``) has its loss mask zeroed, so it trains nothing.
+  Jittable (``num_keep`` static).
 
   Args:
     traj: a :class:`jagent.rollout.Trajectory` with ``N`` groups of ``G``.

@@ -4,9 +4,10 @@ Runs the benchmark as a subprocess with tiny settings (the nano model, batch
 2 x 2, 2 turns, 8 tokens per reply, 1 repeat, the full history and
 ``history_turns=0``, each with its RL step, and a tree row forking at turn 1
 into 3) and checks its table, ratios, summary and JSON line; the tree row's
-counts against the same tree rollout replayed here and counted node by node. A subprocess, because the benchmark's absl flags
-(``--model``, ``--repeats``, ...) share names with other benchmarks' flags
-and cannot be defined twice in one test process. Speed itself is measured
+counts against the same tree rollout replayed here and counted node by node.
+A subprocess, because the benchmark's absl flags (``--model``,
+``--repeats``, ...) share names with other benchmarks' flags and cannot be
+defined twice in one test process. Speed itself is measured
 only by the benchmark.
 """
 
