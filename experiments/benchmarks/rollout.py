@@ -3,7 +3,8 @@ r"""Multi-turn rollout throughput: the on-device rollout vs host-loop baselines.
     python -m experiments.benchmarks.rollout [--env=Sokoban-6x6-1box-v0] \
         [--num_groups=8] [--group_size=16] [--max_turns=5] \
         [--max_tokens_per_turn=32] [--model=tiny] [--repeats=3] \
-        [--history_turns=0,2] [--norl_step]
+        [--history_turns=0,2] [--norl_step] [--tree_fork_turns=1,2] \
+        [--tree_branches=2,4] [--notree]
 
 Same model (``--model``, random weights), tokenizer (the tiny one), prompt
 (``PromptConfig.compact()``, think mode), batch ``B = num_groups x
@@ -28,6 +29,26 @@ length is printed so the rates compare equal work. Rows:
   (``RolloutConfig.history_turns``): one row per turn, its window of the
   last k turns assembled on device and prefilled from an empty cache, with
   its own (shorter) context size;
+- ``on-device tree ...`` (``--tree``): the same program with
+  ``RolloutConfig.tree``: each group's episodes grow as trees that fork the
+  environment state and KV cache at ``--tree_fork_turns`` into
+  ``--tree_branches`` children per node (every node expands), so the copied
+  prefixes are sampled and stepped once. Its group holds
+  ``round(group_size * max_turns / TreeConfig.full_turns(max_turns))``
+  trees: the chain's sampled-turn budget when every episode plays all its
+  turns (random weights: it does), so both rows sample about the same
+  tokens. The default shape is Tree-GRPO's (Ji et al., arXiv 2509.21240,
+  Sec. 3.1: a few chains, nodes expanded at early steps, trees of 4-8
+  leaves): forks at turns 1 and 2 of 5 with K = 2 then 4, 8 episodes in
+  27 sampled turns instead of 40, at most 40 / 27 = 1.48x the trajectories
+  a token (Tree-GRPO reports ~1.5x). Forking at turn 0 would share no
+  sampled token (only the first prompt), and forking later shares more but
+  leaves the siblings fewer turns to differ in; 3 trees of 8 a group for
+  the chain's 16 episodes. Compared with the on-device chain: finished
+  trajectories (played episodes that ended) per sampled token (the sum of
+  ``loss_mask``), env turns (each environment step once,
+  ``Trajectory.sampled_turns``) per trajectory and wall-clock seconds per
+  trajectory, and tree / chain of each (goal: >= 1.4x trajectories a token);
 - ``sampler only``: ``max_turns`` calls of :func:`jagent.models.generate` on
   the same shapes inside one jit, no environment, rendering or parsing: an
   estimate of the model's share of the on-device time.
@@ -49,7 +70,8 @@ Every row is warmed up once (compiles; the host loops compile a few shapes),
 then the rows are timed round-robin, ``--repeats`` rounds, with the same key
 every call, and each row's best call is kept (``worst s`` shows the spread on
 a shared machine). Env turns =
-sum of ``Trajectory.num_turns``; generated tokens = sum of ``loss_mask``.
+sum of ``Trajectory.sampled_turns()`` (``num_turns`` for a chain; a tree's
+shared turns once); generated tokens = sum of ``loss_mask``.
 Memory: the process's peak resident set (``getrusage``; it only grows, so each
 row shows the peak so far) and the compiled on-device program's memory
 analysis (arguments + outputs + temporaries). Prints a table, the ratios, one
@@ -97,7 +119,15 @@ _RL_STEP = flags.DEFINE_bool(
     "rl_step", True, "Also time one RL step (rollout + filter + update, the main job's "
     "experiments/configs/tiny.py) for each on-device row's history_turns.")
 
+_TREE = flags.DEFINE_bool("tree", True, "Also time a tree rollout (RolloutConfig.tree) against "
+                          "the on-device chain at an equal sampled-token budget.")
+_TREE_FORKS = flags.DEFINE_list("tree_fork_turns", ["1", "2"],
+                                "The tree row's fork turns (0-based).")
+_TREE_BRANCHES = flags.DEFINE_list("tree_branches", ["2", "4"],
+                                   "The tree row's children per expanded node, one per fork.")
+
 GOAL = 3.0  # the target: the on-device rollout is >= 3x the RAGEN-style host loop
+TREE_GOAL = 1.4  # trees: finished trajectories per sampled token, tree / chain
 
 
 def compiled_memory(compiled: Any) -> dict[str, int] | None:
@@ -147,16 +177,18 @@ def warm_up(name: str, fn: Callable[[], Any], extra_seconds: float = 0.0) -> dic
 
   Returns:
     The row so far: name, ``fn``, warm-up seconds (compile + first call),
-    env turns and generated tokens (None without a Trajectory), mean reply
-    length and the process's peak RSS after the warm-up.
+    env turns, generated tokens and finished trajectories (None without a
+    Trajectory), mean reply length and the process's peak RSS after the
+    warm-up.
   """
   t0 = time.perf_counter()
   out = jax.block_until_ready(fn())
   row = dict(name=name, fn=fn, warmup_seconds=extra_seconds + time.perf_counter() - t0,
-             env_turns=None, tokens=None, mean_reply=None)
+             env_turns=None, tokens=None, mean_reply=None, trajectories=None)
   if hasattr(out, "num_turns"):
-    row["env_turns"] = int(np.sum(np.asarray(out.num_turns)))
+    row["env_turns"] = int(np.sum(np.asarray(out.sampled_turns())))
     row["tokens"] = int(np.sum(np.asarray(out.loss_mask)))
+    row["trajectories"] = int(np.sum(np.asarray(out.played() & (out.end_reason != 0))))
     row["mean_reply"] = row["tokens"] / max(row["env_turns"], 1)
   row["peak_rss_mb"] = rss.peak_rss_mb()
   return row
@@ -229,20 +261,66 @@ def rl_stepper(config) -> tuple[Callable[[], dict[str, float]], Any]:
   return step, exp
 
 
+def tree_shape(group_size: int, max_turns: int, fork_turns, branches) -> rollout.TreeConfig:
+  """The tree row's :class:`jagent.rollout.TreeConfig` at the chain's token budget.
+
+  Every node expands (``expand=None``); the group holds
+  ``max(1, round(group_size * max_turns / full_turns))`` trees, so it samples
+  about the turns of ``group_size`` chain episodes that play ``max_turns``.
+
+  Raises:
+    ValueError: fork turns or branches not ints, naming the flag; a bad
+      shape, naming the ``RolloutConfig.tree`` field (before compiling).
+  """
+  try:
+    forks = tuple(int(t) for t in fork_turns)
+  except ValueError:
+    raise ValueError(f"--tree_fork_turns={fork_turns!r}: must be ints") from None
+  try:
+    ks = tuple(int(k) for k in branches)
+  except ValueError:
+    raise ValueError(f"--tree_branches={branches!r}: must be ints") from None
+  tree = rollout.TreeConfig(fork_turns=forks, branches=ks[0] if len(ks) == 1 else ks)
+  # A bad shape fails here, naming its field (no fork turn: before any size).
+  rollout.RolloutConfig(num_groups=1, group_size=tree.group_size() if forks else 1,
+                        max_turns=max_turns, tree=tree)
+  trees = max(1, round(group_size * max_turns / tree.full_turns(max_turns)))
+  return dataclasses.replace(tree, trees=trees)
+
+
+def tree_vs_chain(chain: dict[str, Any], tree: dict[str, Any]) -> dict[str, Any]:
+  """Per-trajectory rates of the chain and tree rows and tree / chain of each.
+
+  Returns:
+    ``{"chain": ..., "tree": ..., "ratio": ...}``, each with
+    ``trajectories_per_1k_tokens``, ``env_turns_per_trajectory`` and
+    ``seconds_per_trajectory`` (ratios: tree's / chain's).
+  """
+  def rates(r):
+    n = r["trajectories"]
+    return {"trajectories_per_1k_tokens": 1000.0 * n / r["tokens"],
+            "env_turns_per_trajectory": r["env_turns"] / n,
+            "seconds_per_trajectory": r["seconds"] / n}
+  c, t = rates(chain), rates(tree)
+  return {"chain": c, "tree": t, "ratio": {k: t[k] / c[k] for k in c}}
+
+
 def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: int,
         max_tokens_per_turn: int, repeats: int, seed: int = 0, verify_states: int = 64,
-        with_sampler: bool = True, history_turns=(), with_rl_step: bool = True
-        ) -> dict[str, Any]:
+        with_sampler: bool = True, history_turns=(), with_rl_step: bool = True,
+        tree_forks=None, tree_branches=("2", "4")) -> dict[str, Any]:
   """Builds the model, env and rollouts, times every row; returns the results.
 
   ``history_turns``: k >= 0 of the extra bounded-history on-device rows.
   ``with_rl_step``: also time one RL step (``configs/tiny.py``'s
   ``benchmark_config``) for each
   on-device row's k (-1 and ``history_turns``), in the same rounds.
+  ``tree_forks`` (None: no tree row) and ``tree_branches``: the tree row's
+  shape (:func:`tree_shape`).
 
   Raises:
-    ValueError: a bad size, repeat count, model, env name or history_turns
-      (before compiling).
+    ValueError: a bad size, repeat count, model, env name, history_turns or
+      tree shape (before compiling).
   """
   try:
     history_turns = [int(k) for k in history_turns]
@@ -257,6 +335,8 @@ def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: in
   config = rollout.RolloutConfig(num_groups=num_groups, group_size=group_size,
                                  max_turns=max_turns, max_tokens_per_turn=max_tokens_per_turn,
                                  temperature=1.0)
+  tree = None if tree_forks is None else tree_shape(group_size, max_turns, tree_forks,
+                                                    tree_branches)
   rl_configs = {}
   if with_rl_step:
     from experiments import spec  # pylint: disable=g-import-not-at-top
@@ -300,6 +380,17 @@ def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: in
     fn = rollout.make_rollout(text_env, model_config, k_config, env_params)
     rows.append(warm_up(f"on-device, history_turns={k}", lambda fn=fn: fn(params, key)))
     rows[-1]["history_turns"] = k
+  tree_info = None
+  if tree is not None:
+    t_config = dataclasses.replace(config, group_size=tree.group_size(), tree=tree)
+    fn = rollout.make_rollout(text_env, model_config, t_config, env_params)
+    ks = tree.branches if isinstance(tree.branches, tuple) else (tree.branches,)
+    rows.append(warm_up(f"on-device tree (K {','.join(map(str, ks))})",
+                        lambda fn=fn: fn(params, key)))
+    tree_info = dict(fork_turns=list(tree.fork_turns), branches=list(ks), trees=tree.trees,
+                     rows_per_tree=tree.rows_per_tree(), group_size=tree.group_size(),
+                     batch=t_config.batch_size, full_turns=tree.full_turns(max_turns),
+                     context_size=rollout.context_size(text_env, t_config), row=rows[-1]["name"])
   steps, rl_info = [], None
   for k, rl_config in rl_configs.items():
     step, exp = rl_stepper(rl_config)
@@ -329,6 +420,8 @@ def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: in
 
   by_name = {r["name"]: r for r in rows}
   dev = by_name["on-device (make_rollout)"]
+  if tree_info is not None:
+    tree_info.update(tree_vs_chain(dev, by_name[tree_info["row"]]))
   ratios = {}
   for key_name, base in (("ragen", "host re-encode (RAGEN)"),
                          ("incremental", "host incremental KV")):
@@ -339,7 +432,7 @@ def run(model: str, env_id: str, num_groups: int, group_size: int, max_turns: in
               max_tokens_per_turn=max_tokens_per_turn, context_size=s_max,
               history_context_sizes=contexts,
               first_width=text_env.first_width, next_width=text_env.next_width,
-              repeats=repeats, rows=rows, ratios=ratios, rl_step=rl_info,
+              repeats=repeats, rows=rows, ratios=ratios, rl_step=rl_info, tree=tree_info,
               compiled_memory=memory,
               device_peak_mb=device_peak, backend=jax.default_backend(),
               cpu_count=os.cpu_count(), load_average=os.getloadavg())
@@ -400,6 +493,28 @@ def report(res: dict[str, Any]) -> None:
     print("on-device program memory: no XLA memory analysis on this backend")
   if res["device_peak_mb"] is not None:
     print(f"device peak memory after the on-device rows: {res['device_peak_mb']:.1f} MiB")
+  tr = res.get("tree")
+  if tr is not None:
+    print(f"tree vs chain (on-device, full history): forks at turns {tr['fork_turns']}, K "
+          f"{tr['branches']}, {tr['trees']} trees of {tr['rows_per_tree']} a group "
+          f"({tr['group_size']} episodes, {tr['full_turns'] * tr['trees']} sampled turns "
+          f"when every episode plays {res['max_turns']} turns; the chain: {res['group_size']}, "
+          f"{res['group_size'] * res['max_turns']})")
+    head = (f"{'':8s}{'trajectories':>13s}{'sampled tokens':>15s}{'env turns':>10s}"
+            f"{'traj / 1k tokens':>17s}{'env turns / traj':>17s}{'s / traj':>10s}")
+    print(head)
+    rows = {r["name"]: r for r in res["rows"]}
+    for name, r, v in (("chain", rows["on-device (make_rollout)"], tr["chain"]),
+                       ("tree", rows[tr["row"]], tr["tree"])):
+      print(f"{name:8s}{r['trajectories']:13d}{r['tokens']:15d}{r['env_turns']:10d}"
+            f"{v['trajectories_per_1k_tokens']:17.2f}{v['env_turns_per_trajectory']:17.2f}"
+            f"{v['seconds_per_trajectory']:10.4f}")
+    v = tr["ratio"]
+    print(f"{'tree / chain':36s}{v['trajectories_per_1k_tokens']:17.2f}x"
+          f"{v['env_turns_per_trajectory']:16.2f}x{v['seconds_per_trajectory']:9.2f}x")
+    print(f"TREE: {v['trajectories_per_1k_tokens']:.2f}x the finished trajectories per sampled "
+          f"token of the chain; goal >= {TREE_GOAL:g}x: "
+          f"{'met' if v['trajectories_per_1k_tokens'] >= TREE_GOAL else 'NOT met'}")
   ratio = min(q["turns_vs_ragen"], q["tokens_vs_ragen"])
   print(f"SUMMARY: on-device rollout is {q['turns_vs_ragen']:.2f}x (env turns/s) and "
         f"{q['tokens_vs_ragen']:.2f}x (tokens/s) the RAGEN-style host loop; goal >= "
@@ -412,7 +527,9 @@ def main(argv):
   report(run(_MODEL.value, _ENV.value, _GROUPS.value, _GROUP_SIZE.value, _TURNS.value,
              _TOKENS.value, _REPEATS.value, seed=_SEED.value, verify_states=_VERIFY.value,
              with_sampler=_SAMPLER.value, history_turns=_HISTORY.value,
-             with_rl_step=_RL_STEP.value))
+             with_rl_step=_RL_STEP.value,
+             tree_forks=_TREE_FORKS.value if _TREE.value else None,
+             tree_branches=_TREE_BRANCHES.value))
 
 
 if __name__ == "__main__":

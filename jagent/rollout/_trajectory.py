@@ -147,6 +147,36 @@ class Trajectory:
   history_turns: int = flax.struct.field(pytree_node=False, default=-1)
   tree_size: int = flax.struct.field(pytree_node=False, default=0)
 
+  def played(self) -> jax.Array:
+    """bool [B]: the episodes that were played.
+
+    Every episode of a chain rollout is. A tree rollout's rows that no fork
+    copied a node into (their pick had ended before the fork) hold no turn
+    and never ended (``end_reason`` RUNNING, no valid row): they are slots,
+    not episodes, and every statistic over episodes leaves them out.
+    """
+    b = self.scores.shape[0]
+    if self.row_valid is None:
+      return jnp.ones((b,), bool)
+    has_row = jnp.any(jnp.asarray(self.row_valid, bool).reshape(b, -1), axis=1)
+    return has_row | (self.end_reason != RUNNING)
+
+  def sampled_turns(self) -> jax.Array:
+    """bool [B, T]: the turns episode b's row sampled itself.
+
+    In a chain every turn taken; in a tree only the turns the row owns
+    (``tree_node // T == b``): a prefix copied at a fork was sampled, and its
+    environment steps played, once, by the row that owns it. So
+    ``sum(sampled_turns())`` counts each environment step once and
+    ``sum(loss_mask)`` is the tokens of exactly these turns.
+    """
+    t = self.turn_rewards.shape[1]
+    taken = jnp.arange(t)[None] < self.num_turns[:, None]
+    if self.tree_node is None:
+      return taken
+    own = self.tree_node // t == jnp.arange(self.scores.shape[0])[:, None]
+    return taken & (self.tree_node >= 0) & own
+
   def metrics(self) -> dict[str, jax.Array]:
     """Rollout diagnostics (float32 scalars), RAGEN's Echo Trap set included.
 
@@ -154,32 +184,42 @@ class Trajectory:
     ``score``, ``reward_std_in_group`` (mean over groups of the in-group std
     of scores; only when ``group_size > 1``: with one rollout per group it is
     0 by construction, not a collapse signal), ``turns``, ``actions``,
-    ``reply_tokens``, ``valid_action_frac`` (valid / kept answer pieces),
-    ``effective_action_frac`` (effective / executed), ``format_valid_frac``
-    (over turns taken), ``overflow_frac``, and ``end/<reason>`` shares.
+    ``reply_tokens`` (per sampled turn), ``valid_action_frac`` (valid / kept
+    answer pieces), ``effective_action_frac`` (effective / executed),
+    ``format_valid_frac`` (over sampled turns), ``overflow_frac``, and
+    ``end/<reason>`` shares.
+
+    Episode statistics are means over the played episodes (:meth:`played`),
+    turn statistics over the sampled turns (:meth:`sampled_turns`, each
+    turn of a tree once); for a chain rollout both are every episode and
+    every turn taken.
     """
     g = self.group_size
     f32 = lambda x: jnp.asarray(x, jnp.float32)
-    taken = jnp.arange(self.turn_rewards.shape[1])[None] < self.num_turns[:, None]
-    scores = self.scores.reshape(-1, g)
+    played = self.played()
+    w = f32(played)
+    mean = lambda x: jnp.sum(w * f32(x)) / jnp.maximum(jnp.sum(w), 1.0)  # noqa: E731
+    turns = self.sampled_turns()
+    per_turn = lambda num, den: jnp.sum(f32(num) * turns) / jnp.maximum(  # noqa: E731
+        jnp.sum(f32(den) * turns), 1.0)
     out = {
-        "success": jnp.mean(f32(self.success)),
-        "pass_at_group": jnp.mean(f32(jnp.any(self.success.reshape(-1, g), axis=1))),
-        "score": jnp.mean(self.scores),
-        "turns": jnp.mean(f32(self.num_turns)),
-        "actions": jnp.mean(f32(self.num_actions)),
-        "reply_tokens": jnp.sum(f32(self.loss_mask)) / jnp.maximum(
-            jnp.sum(f32(self.num_turns)), 1.0),
-        "valid_action_frac": jnp.sum(f32(self.num_valid)) / jnp.maximum(
-            jnp.sum(f32(self.num_pieces)), 1.0),
-        "effective_action_frac": jnp.sum(f32(self.num_effective)) / jnp.maximum(
-            jnp.sum(f32(self.num_executed)), 1.0),
-        "format_valid_frac": jnp.sum(f32(self.format_valid & taken)) / jnp.maximum(
-            jnp.sum(f32(taken)), 1.0),
-        "overflow_frac": jnp.mean(f32(self.overflow)),
+        "success": mean(self.success),
+        "pass_at_group": jnp.mean(f32(jnp.any((self.success & played).reshape(-1, g), axis=1))),
+        "score": mean(self.scores),
+        "turns": mean(self.num_turns),
+        "actions": mean(self.num_actions),
+        "reply_tokens": jnp.sum(f32(self.loss_mask)) / jnp.maximum(jnp.sum(f32(turns)), 1.0),
+        "valid_action_frac": per_turn(self.num_valid, self.num_pieces),
+        "effective_action_frac": per_turn(self.num_effective, self.num_executed),
+        "format_valid_frac": per_turn(self.format_valid, jnp.ones_like(turns)),
+        "overflow_frac": mean(self.overflow),
     }
     if g > 1:
-      out["reward_std_in_group"] = jnp.mean(jnp.std(scores, axis=1))
+      # The std over each group's played episodes (0 with fewer than two).
+      s, v = self.scores.reshape(-1, g), w.reshape(-1, g)
+      n = jnp.maximum(jnp.sum(v, axis=1, keepdims=True), 1.0)
+      mu = jnp.sum(v * s, axis=1, keepdims=True) / n
+      out["reward_std_in_group"] = jnp.mean(jnp.sqrt(jnp.sum(v * (s - mu) ** 2, axis=1) / n[:, 0]))
     for i, name in enumerate(END_REASONS[1:], start=1):
-      out[f"end/{name}"] = jnp.mean(f32(self.end_reason == i))
+      out[f"end/{name}"] = mean(self.end_reason == i)
     return out

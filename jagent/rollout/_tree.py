@@ -91,6 +91,21 @@ class TreeConfig:
     t, k, e, alive = self.plan()[-1]
     return alive + e * (k - 1)
 
+  def full_turns(self, max_turns: int) -> int:
+    """Turns one tree samples when no episode ends before ``max_turns``.
+
+    A turn is sampled once per node: turn ``t`` by the rows alive after the
+    forks at turns ``<= t`` (a chain of ``n`` episodes samples ``n *
+    max_turns``). With ``fork_turns=(1, 2)``, ``branches=(2, 4)`` and 5
+    turns: ``1 + 2 + 8 * 3 = 27`` turns for 8 episodes, against 40.
+    """
+    alive, total, forks = 1, 0, {t: (k, e) for t, k, e, _ in self.plan()}
+    for t in range(max_turns):
+      if t in forks:
+        alive += forks[t][1] * (forks[t][0] - 1)
+      total += alive
+    return total
+
   def group_size(self) -> int:
     """The ``RolloutConfig.group_size`` this tree needs: ``trees * rows_per_tree()``."""
     return self.trees * self.rows_per_tree()

@@ -104,11 +104,12 @@ def compact_groups(traj: _trajectory.Trajectory, num_keep: int,
   """Keeps the ``num_keep`` groups the uncertainty filter ranks first.
 
   Groups are ranked by :func:`jagent.losses.filter_groups` on RAW trajectory
-  scores (StarPO-S); the kept ones come first (ties to the lower index), and
-  their rows are gathered into a trajectory of ``num_keep * G`` rows. A
-  group the filter does not keep but that fills a slot (e.g. zero-std groups
-  with ``include_zero=False``) has its loss mask zeroed, so it trains
-  nothing. Jittable (``num_keep`` static).
+  scores (StarPO-S) of their played episodes (``Trajectory.played``); the
+  kept ones come first (ties to the lower index), and their rows are
+  gathered into a trajectory of ``num_keep * G`` rows. A group the filter
+  does not keep but that fills a slot (e.g. zero-std groups with
+  ``include_zero=False``) has its loss mask zeroed, so it trains nothing.
+  Jittable (``num_keep`` static).
 
   Args:
     traj: a :class:`jagent.rollout.Trajectory` with ``N`` groups of ``G``.
@@ -134,8 +135,9 @@ def compact_groups(traj: _trajectory.Trajectory, num_keep: int,
   if not 1 <= num_keep <= n:
     raise ValueError(f"num_keep={num_keep} must be in [1, {n}] groups")
   scores = traj.scores.reshape(n, g)
+  # A tree's rows never forked into are no episodes: not in their group's std.
   res = losses.filter_groups(scores, filter_config.mode, filter_config.value,
-                             filter_config.include_zero)
+                             filter_config.include_zero, valid_ng=traj.played().reshape(n, g))
   keep, std = res.keep, res.group_std
   # Kept groups first, by decreasing std; then the rest by decreasing std.
   order = jnp.lexsort((jnp.arange(n), -std, ~keep))[:num_keep]
@@ -226,7 +228,8 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
     dict of float32 ``[]`` scalars: ``rollout/<key>`` for every key of
     :meth:`jagent.rollout.Trajectory.metrics` (``rollout/success``,
     ``rollout/format_valid_frac``, ...), ``rollout/sampled_tokens`` and
-    ``rollout/env_turns`` (sums over the ``B`` rows),
+    ``rollout/env_turns`` (sums over the ``B`` rows; a tree's shared turns
+    once, ``Trajectory.sampled_turns``),
     ``train/context_tokens`` (``num_keep x G x S``, padding included), the
     filter's ``filter/*`` (:func:`compact_groups`; the objective's filter
     stage's own, which describe the compacted rows, are left out) and everything
@@ -251,7 +254,7 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
   f32 = lambda x: jnp.asarray(x, jnp.float32)  # pylint: disable=unnecessary-lambda-assignment
   metrics = {f"rollout/{k}": v for k, v in traj.metrics().items()}
   metrics["rollout/sampled_tokens"] = jnp.sum(f32(traj.loss_mask))
-  metrics["rollout/env_turns"] = jnp.sum(f32(traj.num_turns))
+  metrics["rollout/env_turns"] = jnp.sum(f32(traj.sampled_turns()))  # a tree's prefixes once
   metrics["train/context_tokens"] = jnp.float32(np.prod(kept.tokens.shape))
   metrics.update(filter_metrics)
   # The objective's rebuilt filter stage saw only the compacted rows: its

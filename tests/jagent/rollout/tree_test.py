@@ -17,9 +17,12 @@ import numpy as np
 
 import envs_jax
 from jagent import rollout
+from jagent import sharding
 from jagent import train
 from jagent.rollout import _rollout
 from jagent.rollout import _tree
+from jagent import losses
+from tests.jagent.rollout.rollout_test import bigram_params
 from tests.jagent.rollout.rollout_test import MICRO
 from tests.jagent.rollout.rollout_test import random_params
 from tests.jagent.rollout.rollout_test import TOK
@@ -157,6 +160,115 @@ class TreeForkExactTest(parameterized.TestCase):
     self.assertEqual(int(np.asarray(tree.loss_mask).sum()), sum(per_node.values()))
     self.assertLess(sum(per_node.values()), int(np.asarray(chain.loss_mask).sum()))
     np.testing.assert_array_equal(np.asarray(tree.row_valid), np.ones(b, bool))
+
+
+class TreeMetricsTest(parameterized.TestCase):
+  """Rows no fork copied a node into are no episodes: every metric leaves them out.
+
+  FrozenLake (slippery, random maps) under a policy that always answers
+  ``Down || Right``: some roots fall in a hole or reach the goal at turn 0,
+  before the fork at turn 1, so their children's rows stay empty.
+  """
+
+  @parameterized.named_parameters(("full", -1), ("history1", 1))
+  def test_metrics_are_means_over_played_rows(self, history_turns):
+    env, _ = envs_jax.make("FrozenLake-4x4-v0")
+    text_env = rollout.TextEnv(env, TOK, rollout.PromptConfig.compact(
+        think=False, max_actions_per_turn=2), verify_states=8)
+    tree = rollout.TreeConfig(fork_turns=(1, 2), branches=2)
+    config = rollout.RolloutConfig(
+        num_groups=8, group_size=tree.group_size(), max_turns=4, max_tokens_per_turn=12,
+        history_turns=history_turns, tree=tree)
+    traj = jax.jit(rollout.make_rollout(text_env, MICRO, config))(
+        bigram_params("<answer>Down || Right</answer>"), jax.random.key(0))
+    t = jax.tree.map(np.asarray, traj)
+    b, t_max, g = config.batch_size, config.max_turns, config.group_size
+    # By hand: a row was played iff it holds a turn (its tree's first row
+    # always does); the empty ones hold no token, no turn, no end.
+    played = t.num_turns > 0
+    self.assertTrue(played[::g].all())
+    self.assertGreater(np.sum(~played), 4)
+    np.testing.assert_array_equal(traj.played(), played)
+    np.testing.assert_array_equal(t.end_reason[~played], rollout.END_REASONS.index("running"))
+    m = {k: float(v) for k, v in traj.metrics().items()}
+    by_hand = {"success": t.success, "score": t.scores, "turns": t.num_turns,
+               "actions": t.num_actions, "overflow_frac": t.overflow}
+    by_hand.update({f"end/{r}": t.end_reason == i for i, r in enumerate(rollout.END_REASONS)
+                    if i})
+    for k, x in by_hand.items():
+      self.assertAlmostEqual(m[k], float(np.mean(x[played])), places=6, msg=k)
+    self.assertGreater(m["success"], 0.0)  # the test can see a wrong denominator
+    self.assertNotAlmostEqual(m["turns"], float(np.mean(t.num_turns)), places=3)
+    stds = [np.std(s[v]) for s, v in zip(t.scores.reshape(-1, g), played.reshape(-1, g))]
+    self.assertAlmostEqual(m["reward_std_in_group"], float(np.mean(stds)), places=6)
+    # Turn statistics: each node (a turn sampled once, by its owner) once.
+    nodes = {int(t.tree_node[r, u]) for r in range(b) for u in range(t.num_turns[r])}
+    own = np.array([(n // t_max, n % t_max) for n in sorted(nodes)])  # (owner row, turn)
+    np.testing.assert_array_equal(t.tree_node[own[:, 0], own[:, 1]], sorted(nodes))
+    self.assertLess(len(nodes), int(np.sum(t.num_turns)))  # prefixes are shared
+    np.testing.assert_array_equal(np.sum(traj.sampled_turns()), len(nodes))
+    np.testing.assert_array_equal(np.asarray(traj.sampled_turns())[own[:, 0], own[:, 1]], True)
+    self.assertAlmostEqual(m["reply_tokens"],
+                           float(np.sum(t.reply_lengths[own[:, 0], own[:, 1]]) / len(nodes)),
+                           places=5)
+    self.assertAlmostEqual(m["reply_tokens"], float(np.sum(t.loss_mask) / len(nodes)), places=5)
+    frac = lambda num, den: float(np.sum(num[own[:, 0], own[:, 1]])  # noqa: E731
+                                  / np.sum(den[own[:, 0], own[:, 1]]))
+    self.assertAlmostEqual(m["effective_action_frac"], frac(t.num_effective, t.num_executed),
+                           places=6)
+    # The StarPO-S filter ranks groups by their played episodes' spread.
+    _, fm = train.compact_groups(traj, 2, losses.FilterConfig("top_k", 2))
+    unbiased = [np.std(s[v], ddof=1) if v.sum() > 1 else 0.0
+                for s, v in zip(t.scores.reshape(-1, g), played.reshape(-1, g))]
+    self.assertAlmostEqual(float(fm["filter/reward_std_before"]), float(np.mean(unbiased)),
+                           places=6)
+
+
+_SAME = ("tokens", "loss_mask", "length", "turn_rewards", "scores", "num_turns", "end_reason",
+         "reply_lengths", "row_valid", "tree_node", "tree_parent", "tree_depth")
+
+
+class TreeShardedVmappedTest(parameterized.TestCase):
+  """The tree rollout on a 2-device mesh (rows over ``data``) and vmapped over
+  rollout keys equals the one-device, one-key program: one tree of 4 rows
+  (forks at turns 0 and 1, K = 2, every node), 2 rows a device, so a fork
+  copies rows across the devices."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.text_env = _text_env()
+    cls.config = _config(tree=rollout.TreeConfig(fork_turns=(0, 1), branches=2), num_groups=1)
+    cls.params = random_params(4)
+    # In a dict: a function class attribute would bind as a method.
+    cls.fns = {"one": rollout.make_rollout(cls.text_env, MICRO, cls.config)}
+
+  def _assert_same(self, got, want):
+    for f in _SAME:
+      np.testing.assert_array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(want, f)),
+                                    err_msg=f)
+    np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(want.logprobs), rtol=1e-5,
+                               atol=1e-6)
+    self.assertEqual(got.tree_size, want.tree_size)
+
+  def test_mesh_equals_one_device(self):
+    mesh = sharding.make_mesh("data:2", jax.devices()[:2])
+    key = jax.random.key(7)
+    got = sharding.shard_rollout(self.text_env, MICRO, self.config, mesh)(self.params, key)
+    want = self.fns["one"](self.params, key)
+    self.assertEqual(got.tokens.addressable_shards[0].data.shape[0], 2)  # rows split in two
+    self._assert_same(got, want)
+    # Rows 2, 3 (device 1) hold copies of turn 0, sampled by row 0 or 1 (device 0).
+    owner0 = np.asarray(want.tree_node)[:, 0] // self.config.max_turns
+    np.testing.assert_array_equal(np.sort(owner0), [0, 0, 1, 1])
+
+  def test_vmap_over_keys_equals_each_key(self):
+    keys = jax.random.split(jax.random.key(8), 2)
+    fn = self.fns["one"]
+    both = jax.vmap(fn, in_axes=(None, 0))(self.params, keys)
+    for i in range(2):
+      self._assert_same(jax.tree.map(lambda x, i=i: x[i], both), fn(self.params, keys[i]))
+    self.assertFalse(np.array_equal(np.asarray(both.tokens[0]), np.asarray(both.tokens[1])))
 
 
 class TreeConfigErrorsTest(parameterized.TestCase):
