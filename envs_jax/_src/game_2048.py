@@ -266,6 +266,8 @@ class Game2048(environment.Environment[Game2048State, Game2048Params]):
   """
 
   action_names = ACTION_NAMES
+  # Every move's result from a board (host-side players plan with it).
+  move_all = staticmethod(move_all)
 
   def __init__(self, size: int = 4, two_prob: float = 0.9, log_reward: bool = True,
                invalid_reward: float = -0.1, target_tile: int | None = None):

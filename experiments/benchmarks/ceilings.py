@@ -37,7 +37,6 @@ import jax
 import numpy as np
 
 import envs_jax
-from envs_jax._src import game_2048
 from experiments import experiment
 from experiments.configs import tiny
 from jagent import rollout
@@ -52,6 +51,9 @@ EXPERT_OPTIONS: dict[str, dict[str, Any]] = {
     "FrozenLake-4x4-v0": {"frozen_lake_policy": "max_success"},
 }
 POLICIES = ("solver", "random", "random_valid")
+
+
+_UP = envs_jax.Game2048.action_names.index("Up")  # the move of a stuck board
 
 
 class Random2048Valid:
@@ -70,7 +72,7 @@ class Random2048Valid:
   def __init__(self, actions_per_turn: int = 1, seed: int = 0):
     self.actions_per_turn = actions_per_turn
     self.rng = np.random.default_rng(seed)
-    self._moves = jax.jit(jax.vmap(game_2048.move_all))
+    self._moves = jax.jit(jax.vmap(envs_jax.Game2048.move_all))
 
   def __call__(self, rows: Sequence[int], envs: Sequence[Any],
                states: Sequence[str]) -> list[str]:
@@ -88,7 +90,7 @@ class Random2048Valid:
         if not done[i]:
           plans[i].append(int(a))
       boards = after[np.arange(len(envs)), pick]
-    return ["<answer>" + " || ".join(game_2048.ACTION_NAMES[a] for a in (p or [game_2048.UP]))
+    return ["<answer>" + " || ".join(envs_jax.Game2048.action_names[a] for a in (p or [_UP]))
             + "</answer>" for p in plans]
 
 
@@ -154,7 +156,7 @@ def expert(env, policy: str, actions_per_turn: int, options: Mapping[str, Any] |
   if policy not in POLICIES:
     raise ValueError(f"ceilings: policy={policy!r}; use one of {POLICIES}")
   if policy == "random_valid":
-    if not isinstance(env.unwrapped, game_2048.Game2048):
+    if not isinstance(env.unwrapped, envs_jax.Game2048):
       raise ValueError(f"ceilings: policy='random_valid' is 2048's, not {env.unwrapped!r}'s")
     return Random2048Valid(actions_per_turn, seed)
   return rollout.make_expert(env, think=False, actions_per_turn=actions_per_turn,
