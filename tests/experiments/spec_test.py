@@ -19,7 +19,7 @@ _OLD_BEHAVIOUR = {
     "attention_impl": "auto", "cache_dtype": "",
     "lora.rank": 0, "lora.alpha": 32.0, "lora.dropout": 0.0,
     "lora.target_modules": "all-linear", "lora.base_dtype": None,
-    "rollout.history_turns": -1, "rollout.merge_lora": True,
+    "rollout.history_turns": -1, "rollout.merge_lora": True, "rollout.prefill_chunk": 0,
     "rl.num_microbatches": 1, "rl.empty_stop_steps": 0,
     "sft.expert": "solver", "sft.expert_max_nodes": 1_000_000, "sft.expert_reuse_plans": False,
     "eval.held_out": False,
