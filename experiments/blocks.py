@@ -35,7 +35,8 @@ _HINTS = {
 
 
 def _named(build: Callable[..., Any], args: dict[str, tuple[str, Any]], *,
-           owners: Sequence[str] | None = None, **fixed) -> Any:
+           owners: Sequence[str] | None = None,
+           nested: dict[str, tuple[str, Any]] | None = None, **fixed) -> Any:
   """``build(**args' values, **fixed)``, its errors named as config fields.
 
   ``args`` maps each argument of ``build`` (a config dataclass) to
@@ -46,14 +47,18 @@ def _named(build: Callable[..., Any], args: dict[str, tuple[str, Any]], *,
   :class:`experiments.fields.ConfigError` naming the config field
   (``config.rollout.group_size=0: ...``), its advice replaced by
   :data:`_HINTS`'s where that names the dataclass's fields; any other error
-  propagates as it is.
+  propagates as it is. ``nested`` names, the same way, errors on the fields
+  of a dataclass built into one argument (``"tree.branches"``: the
+  ``RolloutConfig.tree.branches`` of the tree passed as ``tree``); it is not
+  passed to ``build``.
   """
   try:
     return build(**{arg: value for arg, (_, value) in args.items()}, **fixed)
   except jagent.FieldError as e:
-    if e.owner not in (owners or (build.__name__,)) or e.field not in args:
+    names = {**args, **(nested or {})}
+    if e.owner not in (owners or (build.__name__,)) or e.field not in names:
       raise
-    field, value = args[e.field]
+    field, value = names[e.field]
     why = f"{e.why} ({_HINTS[field]})" if field in _HINTS else e.reason()
     raise fields.bad(field, value, why) from e
 
@@ -86,14 +91,46 @@ def rollout_config(config) -> rollout.RolloutConfig:
     ValueError: RolloutConfig's own checks, naming ``config.rollout.<field>``.
   """
   r = config.rollout
+  tree, tree_args = tree_config(r.tree)
   return _named(rollout.RolloutConfig, {
       **{f: (f"rollout.{f}", r[f]) for f in ("num_groups", "group_size", "max_turns",
                                              "max_tokens_per_turn", "max_actions_per_traj",
                                              "temperature")},
       "history_turns": ("rollout.history_turns", r.history_turns),
       "merge_lora": ("rollout.merge_lora", r.merge_lora),
-      "prefill_chunk": ("rollout.prefill_chunk", r.prefill_chunk)},
-                owners=("RolloutConfig", "SamplingConfig"))  # the latter: temperature
+      "prefill_chunk": ("rollout.prefill_chunk", r.prefill_chunk),
+      "tree": ("rollout.tree", tree)},
+                owners=("RolloutConfig", "SamplingConfig"), nested=tree_args)  # the latter: temperature
+
+
+def tree_config(tree) -> tuple[rollout.TreeConfig | None, dict[str, tuple[str, Any]]]:
+  """``config.rollout.tree`` as a :class:`jagent.rollout.TreeConfig` (None: no tree).
+
+  The config holds every field as a tuple, so that a flag can set one value
+  or one per fork turn (``--config.rollout.tree.branches="(2, 4)"``): a
+  one-value ``branches`` or ``expand`` applies at every fork turn, and an
+  empty ``expand`` expands every node. An empty ``fork_turns`` turns trees
+  off.
+
+  Returns:
+    ``(TreeConfig or None, {"tree.<field>": ("rollout.tree.<field>", value)})``:
+    the second maps the check errors of ``RolloutConfig`` on the tree
+    (:class:`jagent.FieldError` fields ``tree.<field>``) to the config field.
+  """
+  names = ("fork_turns", "branches", "expand", "trees", "select")
+  args = {f"tree.{n}": (f"rollout.tree.{n}", tree[n]) for n in names}
+  if not tree.fork_turns:
+    return None, args
+
+  def per_fork(v):
+    v = tuple(v) if isinstance(v, (tuple, list)) else v
+    return v[0] if isinstance(v, tuple) and len(v) == 1 else v
+
+  expand = tuple(tree.expand) if isinstance(tree.expand, (tuple, list)) else tree.expand
+  return rollout.TreeConfig(
+      fork_turns=tuple(tree.fork_turns), branches=per_fork(tree.branches),
+      expand=None if expand == () else per_fork(expand), trees=tree.trees,
+      select=tree.select), args
 
 
 def train_config(config, model_config: models.ModelConfig,

@@ -60,6 +60,12 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "rollout.history_turns": -1,
     "rollout.merge_lora": True,
     "rollout.prefill_chunk": 0,
+    # Independent episodes (no tree); the other fields are TreeConfig's defaults.
+    "rollout.tree.fork_turns": (),
+    "rollout.tree.branches": (2,),
+    "rollout.tree.expand": (),
+    "rollout.tree.trees": 1,
+    "rollout.tree.select": "random",
     # No gradient accumulation; never stop early.
     "rl.num_microbatches": 1,
     "rl.empty_stop_steps": 0,

@@ -115,7 +115,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # (faster) or applied at every step (False: no merged copy in memory).
       merge_lora=True,
       # Prefill prompts in chunks of this many tokens (0: at once).
-      prefill_chunk=0))
+      prefill_chunk=0,
+      # Tree rollouts (jagent.rollout.TreeConfig; Tree-GRPO): at the start of
+      # each turn in fork_turns, `expand` running nodes of each tree (empty:
+      # all) fork into `branches` children that copy the env state, context
+      # and keys; one value, or one per fork turn. group_size must equal
+      # trees x the rows of a tree. Empty fork_turns: independent episodes.
+      tree=ml_collections.ConfigDict(dict(
+          fork_turns=(), branches=(2,), expand=(), trees=1, select="random"))))
 
   # 800 steps: SFT sits at uniform actions for a few hundred steps before the
   # policy starts reading the grid (docs/results.md). batch_size counts rows:

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jagent._src.errors import FieldError
 from jagent.models import _sampling
 from jagent.models import _transformer
 
@@ -59,7 +60,7 @@ class TreeConfig:
       random).
 
   Raises:
-    ValueError: from :func:`check_tree` (called by ``RolloutConfig``),
+    jagent.FieldError: from :func:`check_tree` (called by ``RolloutConfig``),
       naming the bad field.
   """
 
@@ -119,44 +120,52 @@ def check_tree(tree: TreeConfig, *, max_turns: int, group_size: int) -> None:
   """Validates ``tree`` against the rollout's turns and group (before any compile).
 
   Raises:
-    ValueError: naming the field: no fork turn, a turn out of ``[0,
+    jagent.FieldError: owner ``"RolloutConfig"``, field ``"tree.<name>"``
+      (or ``"group_size"``): no fork turn, a turn out of ``[0,
       max_turns)`` or out of order, K < 2, more expanded nodes than the tree
       has at that turn, a ``group_size`` other than the tree's rows, an
       unknown ``select``.
   """
+  def bad(field, value, why):
+    # owner RolloutConfig, field "tree.<name>": the message reads
+    # "RolloutConfig.tree.<name>=<value>: <why>" and a program filling the
+    # config from its own settings can name its own field.
+    return FieldError("RolloutConfig", field, value, why)
+
   if not isinstance(tree, TreeConfig):
-    raise ValueError(f"RolloutConfig.tree={tree!r}: must be a TreeConfig or None")
+    raise bad("tree", tree, "must be a TreeConfig or None")
   turns = tree.fork_turns
   if not isinstance(turns, tuple) or not turns:
-    raise ValueError(f"RolloutConfig.tree.fork_turns={turns!r}: needs at least one turn to "
-                     "fork at (a tuple of 0-based turns)")
+    raise bad("tree.fork_turns", turns,
+              "needs at least one turn to fork at (a tuple of 0-based turns)")
   for i, t in enumerate(turns):
     if not _int(t, 0) or t >= max_turns:
-      raise ValueError(f"RolloutConfig.tree.fork_turns={turns!r}: turn {t!r} is not in "
-                       f"[0, max_turns={max_turns})")
+      raise bad("tree.fork_turns", turns, f"turn {t!r} is not in [0, max_turns={max_turns})")
     if i and t <= turns[i - 1]:
-      raise ValueError(f"RolloutConfig.tree.fork_turns={turns!r}: must be strictly increasing")
+      raise bad("tree.fork_turns", turns, "must be strictly increasing")
+  for name in ("branches", "expand"):
+    v = getattr(tree, name)
+    if isinstance(v, (tuple, list)) and len(v) != len(turns):
+      raise bad(f"tree.{name}", v, f"needs one value, or one per fork turn (fork_turns={turns!r})")
   for k in tree._per_fork("branches"):
     if not _int(k, 2):
-      raise ValueError(f"RolloutConfig.tree.branches={tree.branches!r}: every K must be an "
-                       "int >= 2")
+      raise bad("tree.branches", tree.branches, "every K must be an int >= 2")
   for e in tree._per_fork("expand"):
     if e is not None and not _int(e, 1):
-      raise ValueError(f"RolloutConfig.tree.expand={tree.expand!r}: must be ints >= 1 or None")
+      raise bad("tree.expand", tree.expand, "must be ints >= 1 or None")
   if not _int(tree.trees, 1):
-    raise ValueError(f"RolloutConfig.tree.trees={tree.trees!r}: must be an int >= 1")
+    raise bad("tree.trees", tree.trees, "must be an int >= 1")
   if tree.select not in SELECTS:
-    raise ValueError(f"RolloutConfig.tree.select={tree.select!r}: must be one of {SELECTS}")
+    raise bad("tree.select", tree.select, f"must be one of {SELECTS}")
   for t, _, e, alive in tree.plan():
     if e > alive:
-      raise ValueError(f"RolloutConfig.tree.expand={tree.expand!r}: {e} nodes to expand at "
-                       f"fork turn {t}, but a tree has only {alive} then")
+      raise bad("tree.expand", tree.expand,
+                f"{e} nodes to expand at fork turn {t}, but a tree has only {alive} then")
   if group_size != tree.group_size():
-    raise ValueError(
-        f"RolloutConfig.group_size={group_size} does not hold the trees: "
-        f"RolloutConfig.tree (trees={tree.trees}, fork_turns={turns}, branches="
-        f"{tree.branches!r}, expand={tree.expand!r}) needs group_size={tree.group_size()} "
-        f"({tree.trees} x {tree.rows_per_tree()} rows)")
+    raise bad("group_size", group_size,
+              f"does not hold the trees (trees={tree.trees}, fork_turns={turns}, branches="
+              f"{tree.branches!r}, expand={tree.expand!r}): they need "
+              f"group_size={tree.group_size()} ({tree.trees} x {tree.rows_per_tree()} rows)")
 
 
 def gather_rows(carry, index: jax.Array):

@@ -20,6 +20,8 @@ _OLD_BEHAVIOUR = {
     "lora.rank": 0, "lora.alpha": 32.0, "lora.dropout": 0.0,
     "lora.target_modules": "all-linear", "lora.base_dtype": None,
     "rollout.history_turns": -1, "rollout.merge_lora": True, "rollout.prefill_chunk": 0,
+    "rollout.tree.fork_turns": (), "rollout.tree.branches": (2,), "rollout.tree.expand": (),
+    "rollout.tree.trees": 1, "rollout.tree.select": "random",
     "rl.num_microbatches": 1, "rl.empty_stop_steps": 0,
     "sft.expert": "solver", "sft.expert_max_nodes": 1_000_000, "sft.expert_reuse_plans": False,
     "eval.held_out": False,
@@ -40,6 +42,7 @@ def _old_config():
   c = tiny.get_config("Bandit-v0,starpo_s")
   for group in ("lora", "diagnostics"):  # whole groups added later
     del c[group]
+  del c.rollout["tree"]
   for path in _OLD_BEHAVIOUR:
     *groups, name = path.split(".")
     node = c
@@ -127,6 +130,33 @@ class RunSpecTest(absltest.TestCase):
     # -1: one row per device in each micro-batch (one device: 32 rows a minibatch).
     c.rl.num_microbatches = -1
     self.assertEqual(spec.RunSpec.from_config(c).train.num_microbatches, 32)
+
+  def test_tree_fields_build_the_rollout_tree(self):
+    c = tiny.get_config("Sokoban-6x6-1box-v0,tree_grpo")
+    self.assertIsNone(spec.RunSpec.from_config(c).rollout.tree)  # empty fork_turns: no tree
+    # Forks at turns 1 and 2, K = 2 and then 4 for one node a tree: 1 + 1 + 3 = 5 rows a
+    # tree, 2 trees a group.
+    c.rollout.tree.update(dict(fork_turns=(1, 2), branches=(2, 4), expand=(1,), trees=2))
+    c.rollout.group_size = 10
+    tree = spec.RunSpec.from_config(c).rollout.tree
+    self.assertEqual((tree.fork_turns, tree.branches, tree.expand, tree.trees, tree.select),
+                     ((1, 2), (2, 4), 1, 2, "random"))
+    self.assertEqual(tree.group_size(), 10)
+
+  def test_bad_tree_fields_are_named_as_config_fields(self):
+    for update, field in ((dict(fork_turns=(7,)), "rollout.tree.fork_turns=(7,)"),
+                          (dict(branches=(1,)), "rollout.tree.branches=(1,)"),
+                          (dict(branches=(2, 2)), "rollout.tree.branches=(2, 2)"),
+                          (dict(expand=(3,)), "rollout.tree.expand=(3,)"),
+                          (dict(select="best"), "rollout.tree.select='best'"),
+                          (dict(trees=0), "rollout.tree.trees=0"),
+                          (dict(trees=2), "rollout.group_size=8")):
+      c = tiny.get_config("Sokoban-6x6-1box-v0,tree_grpo")
+      c.rollout.tree.update(dict(fork_turns=(1,), branches=(8,)))  # 8 rows: group_size 8
+      c.rollout.tree.update(update)
+      with self.subTest(field), self.assertRaises(fields.ConfigError) as cm:
+        spec.RunSpec.from_config(c)
+      self.assertTrue(str(cm.exception).startswith(f"config.{field}: "), str(cm.exception))
 
   def test_the_experiment_holds_the_spec(self):
     c = tiny.get_config("Bandit-v0,starpo_s")

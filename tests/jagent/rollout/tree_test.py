@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 import envs_jax
+import jagent
 from jagent import rollout
 from jagent import sharding
 from jagent import train
@@ -283,14 +284,17 @@ class TreeConfigErrorsTest(parameterized.TestCase):
       ("bad_select", dict(select="best"), "select"),
       ("no_trees", dict(trees=0), "trees"))
   def test_bad_tree_names_field(self, kwargs, field):
-    with self.assertRaisesRegex(ValueError, rf"RolloutConfig\.tree\.{field}"):
+    with self.assertRaisesRegex(jagent.FieldError, rf"RolloutConfig\.tree\.{field}=") as cm:
       rollout.RolloutConfig(num_groups=1, group_size=4, max_turns=3,
                             tree=rollout.TreeConfig(**kwargs))
+    self.assertEqual((cm.exception.owner, cm.exception.field), ("RolloutConfig", f"tree.{field}"))
 
   def test_more_branches_than_the_batch_holds(self):
-    with self.assertRaisesRegex(ValueError, r"RolloutConfig\.group_size=4 .*group_size=6"):
+    with self.assertRaisesRegex(jagent.FieldError,
+                                r"RolloutConfig\.group_size=4: .*group_size=6") as cm:
       rollout.RolloutConfig(num_groups=1, group_size=4, max_turns=3,
                             tree=rollout.TreeConfig(fork_turns=(1,), branches=3, trees=2))
+    self.assertEqual(cm.exception.field, "group_size")
 
   def test_sizes(self):
     t = rollout.TreeConfig(fork_turns=(0, 1, 2), branches=(2, 3, 2), expand=(None, 1, 2), trees=2)
