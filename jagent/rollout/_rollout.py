@@ -503,8 +503,7 @@ def make_program(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
     return tj.Trajectory(
         tokens=tokens, loss_mask=mask, logprobs=logps, turn_ids=turn_ids,
         token_rewards=tok_rewards, length=cache.lengths,
-        row_valid=jnp.ones((b_size,), bool), row_episode=jnp.arange(b_size, dtype=jnp.int32),
-        row_turn=jnp.zeros((b_size,), jnp.int32), **episode_fields(turn_bufs, rows))
+        **tj.Trajectory.one_row_per_episode(b_size), **episode_fields(turn_bufs, rows))
 
   def disown(carry, new):
     """Rows ``new`` [B] (just forked into) sampled none of the tokens they hold."""

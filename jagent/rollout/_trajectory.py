@@ -27,7 +27,7 @@ END_REASONS = ("running", "terminated", "env_truncated", "action_budget", "max_t
 
 
 # The fields with one entry per token row ([R, ...]); the others are per
-# episode ([B, ...]). They coincide when history_turns = -1 (R = B).
+# episode ([B, ...]) or per turn ([B, T, ...]).
 ROW_FIELDS = ("tokens", "loss_mask", "logprobs", "turn_ids", "token_rewards", "length",
               "row_valid", "row_episode", "row_turn")
 
@@ -36,30 +36,38 @@ ROW_FIELDS = ("tokens", "loss_mask", "logprobs", "turn_ids", "token_rewards", "l
 class Trajectory:
   """A batch of multi-turn trajectories: B episodes laid out in R token rows.
 
-  Two layouts, set by ``history_turns`` (``RolloutConfig.history_turns``):
+  One layout: every episode owns ``P = R / B`` consecutive rows
+  (episode-major: row r belongs to episode ``row_episode[r] = r // P``, so
+  group g's rows are ``[g*G*P, (g+1)*G*P)``), and row r holds the turns
+  from ``row_turn[r]`` up to the next row's turn (the episode's last row:
+  up to its end). Each sampled token names its turn in ``turn_ids``. Every
+  consumer reads the rows through these fields alone: an episode field
+  ``[B]`` reaches row r as ``x[row_episode[r]]``, a turn field ``[B, T]``
+  as ``x[row_episode[r], row_turn[r] + i]``.
 
-  * ``history_turns = -1`` (full history, RAGEN's ``full``): ``R = B``, row
-    ``b`` is episode ``b``'s whole conversation: turn 1's prompt, reply 1,
-    turn 2's prompt (end of the assistant message, the reward and the next
-    state, the assistant header), reply 2, ... then padding.
-  * ``history_turns = k >= 0`` (bounded history, RAGEN's
-    ``limited_multi_turn`` / ``single_turn`` with ``max_context_window``):
-    ``R = B * T``, row ``r = b * T + t`` (episode-major, so group g's rows
-    are ``[g*G*T, (g+1)*G*T)``) is turn t of episode b with its own
-    context: the opening prompt (system message, the first user message's
-    template, instructions included, rendered at turn ``w = max(0, t - k)``
-    with that turn's state, turn number and action budget), reply w, then
-    for each later turn up to t its prompt exactly as in the full layout
-    (end of the previous assistant message, reward, state, header) and,
-    before t, its reply exactly as sampled then; then reply t. Only reply t
-    is trained (history tokens are context only, each reply is trained once,
-    in its own row). Rows of turns not taken (``row_valid`` False) are
-    padding with ``length`` 0.
+  How the rollout fills the rows is its choice (``history_turns``,
+  ``RolloutConfig.history_turns``):
 
-  In both layouts only reply tokens, exactly as sampled (the EOS token
-  included when sampled), are trained (``loss_mask``); per-turn fields are
-  [B, T] and episode fields [B], reached from a row through ``row_episode``
-  and ``row_turn``.
+  * ``-1`` (full history, RAGEN's ``full``): ``P = 1``, ``R = B``, row ``b``
+    is episode ``b``'s whole conversation (``row_turn`` 0): turn 1's
+    prompt, reply 1, turn 2's prompt (end of the assistant message, the
+    reward and the next state, the assistant header), reply 2, ... then
+    padding.
+  * ``k >= 0`` (bounded history, RAGEN's ``limited_multi_turn`` /
+    ``single_turn`` with ``max_context_window``): ``P = T``, ``R = B * T``,
+    row ``r = b * T + t`` is turn t of episode b with its own context: the
+    opening prompt (system message, the first user message's template,
+    instructions included, rendered at turn ``w = max(0, t - k)`` with that
+    turn's state, turn number and action budget), reply w, then for each
+    later turn up to t its prompt exactly as in the full layout (end of the
+    previous assistant message, reward, state, header) and, before t, its
+    reply exactly as sampled then; then reply t. Only reply t is trained
+    (history tokens are context only, each reply is trained once, in its
+    own row). Rows of turns not taken (``row_valid`` False) are padding
+    with ``length`` 0.
+
+  Only reply tokens, exactly as sampled (the EOS token included when
+  sampled), are trained (``loss_mask``).
 
   Attributes:
     tokens: int32 [R, S] token ids (pad id after ``length``).
@@ -70,10 +78,11 @@ class Trajectory:
     turn_ids: int32 [R, S] 0-based turn of each sampled token, -1 elsewhere.
     token_rewards: float32 [R, S] each turn's reward on its last sampled token.
     length: int32 [R] tokens used.
-    row_valid: bool [R] the row holds a turn that was taken (always True
-      when ``history_turns = -1``).
-    row_episode: int32 [R] the row's episode b (``arange(B)``, or ``r // T``).
-    row_turn: int32 [R] the row's turn t (0, or ``r % T``).
+    row_valid: bool [R] the row holds a turn that was taken (every row of a
+      chain rollout with one row per episode).
+    row_episode: int32 [R] the row's episode b (``r // P``).
+    row_turn: int32 [R] the first turn the row holds (0 with one row per
+      episode, ``r % T`` with one row per turn).
     turn_rewards: float32 [B, T] per-turn reward: environment rewards of the
       turn's actions plus ``format_penalty`` when the reply was not valid.
     scores: float32 [B] trajectory score = sum of ``turn_rewards``.
@@ -103,12 +112,13 @@ class Trajectory:
     tree_depth: int32 [B, T] depth of the node, ``t + 1`` (the initial state
       is depth 0); 0 on turns not taken.
     group_size: static int G.
-    history_turns: static int, the layout (see above).
+    history_turns: static int, the rollout's record of how it filled the
+      rows (see above); no consumer needs it.
     tree_size: static int, rows per tree (0: not a tree rollout); tree
       ``b // tree_size`` holds row b, ``G / tree_size`` trees a group.
 
-  The three ``row_*`` fields are None only on trajectories built by hand
-  without them (full layout); every rollout fills them. In a tree rollout a
+  A trajectory built by hand with one row per episode takes its three
+  ``row_*`` fields from :meth:`one_row_per_episode`. In a tree rollout a
   row's ``loss_mask`` marks only the tokens it sampled itself (a prefix
   copied at a fork is held, not re-sampled), and rows never forked into
   have ``row_valid`` False.
@@ -137,15 +147,68 @@ class Trajectory:
   end_reason: jax.Array
   overflow: jax.Array
   group_ids: jax.Array
-  row_valid: jax.Array | None = None
-  row_episode: jax.Array | None = None
-  row_turn: jax.Array | None = None
+  row_valid: jax.Array
+  row_episode: jax.Array
+  row_turn: jax.Array
   tree_node: jax.Array | None = None
   tree_parent: jax.Array | None = None
   tree_depth: jax.Array | None = None
   group_size: int = flax.struct.field(pytree_node=False, default=1)
   history_turns: int = flax.struct.field(pytree_node=False, default=-1)
   tree_size: int = flax.struct.field(pytree_node=False, default=0)
+
+  @staticmethod
+  def one_row_per_episode(num_episodes: int) -> dict[str, jax.Array]:
+    """The ``row_*`` fields of ``B = num_episodes`` rows, one per episode.
+
+    Returns:
+      ``{"row_valid": bool [B] True, "row_episode": int32 [B] arange(B),
+      "row_turn": int32 [B] 0}``, to pass to the constructor.
+    """
+    return {"row_valid": jnp.ones((num_episodes,), bool),
+            "row_episode": jnp.arange(num_episodes, dtype=jnp.int32),
+            "row_turn": jnp.zeros((num_episodes,), jnp.int32)}
+
+  @property
+  def rows_per_episode(self) -> int:
+    """Static int ``P = R / B``: the rows each episode owns."""
+    r, b = self.tokens.shape[0], self.scores.shape[0]
+    if b == 0 or r % b:
+      raise ValueError(f"Trajectory: {r} token rows are not a whole number of rows per "
+                       f"episode for {b} episodes (scores)")
+    return r // b
+
+  def episode_rows(self, episodes: jax.Array) -> jax.Array:
+    """int32 ``[K * P]``: the rows of ``episodes`` (int ``[K]``), episode by episode.
+
+    Rows are episode-major, P to an episode (``row_episode = r // P``), so
+    episode b owns rows ``[b * P, (b + 1) * P)``; with ``P = 1`` this is
+    ``episodes`` itself.
+    """
+    p = self.rows_per_episode
+    e = jnp.asarray(episodes, jnp.int32)
+    return (e[:, None] * p + jnp.arange(p, dtype=jnp.int32)[None]).reshape(-1)
+
+  def take_episodes(self, episodes: jax.Array) -> Trajectory:
+    """The trajectory of ``episodes`` (int ``[K]``), in that order.
+
+    Episode fields ``[B, ...]`` gather ``episodes``, the row fields
+    (``ROW_FIELDS``) those episodes' rows (:meth:`episode_rows`), and
+    ``row_episode`` is renumbered to the new episodes (``r // P``).
+    ``group_ids`` and the statics are kept as they are. Jittable.
+
+    Args:
+      episodes: int ``[K]`` episode indices in ``[0, B)``.
+
+    Returns:
+      a Trajectory of ``K`` episodes and ``K * P`` rows.
+    """
+    p = self.rows_per_episode
+    rows = self.episode_rows(episodes)
+    by_row = {f: getattr(self, f)[rows] for f in ROW_FIELDS}
+    out = jax.tree.map(lambda x: x[episodes], self.replace(**{f: None for f in ROW_FIELDS}))
+    by_row["row_episode"] = jnp.arange(rows.shape[0], dtype=jnp.int32) // p
+    return out.replace(**by_row)
 
   def played(self) -> jax.Array:
     """bool [B]: the episodes that were played.
@@ -156,8 +219,6 @@ class Trajectory:
     not episodes, and every statistic over episodes leaves them out.
     """
     b = self.scores.shape[0]
-    if self.row_valid is None:
-      return jnp.ones((b,), bool)
     has_row = jnp.any(jnp.asarray(self.row_valid, bool).reshape(b, -1), axis=1)
     return has_row | (self.end_reason != RUNNING)
 

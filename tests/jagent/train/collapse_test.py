@@ -85,7 +85,7 @@ def _full_trajectory(params, key, second_turn: bool = False) -> rollout.Trajecto
       num_executed=_z(B, t), num_effective=_z(B, t), anchor_hashes=_z(B, t),
       num_actions=_z(B), success=jnp.zeros((B,), bool), terminated=jnp.zeros((B,), bool),
       truncated=jnp.zeros((B,), bool), end_reason=_z(B), overflow=jnp.zeros((B,), bool),
-      group_ids=jnp.arange(B) // G, group_size=G)
+      group_ids=jnp.arange(B) // G, **rollout.Trajectory.one_row_per_episode(B), group_size=G)
 
 
 def _turn_rows(full: rollout.Trajectory) -> rollout.Trajectory:
@@ -355,7 +355,7 @@ class ContentMaskTest(absltest.TestCase):
         num_executed=_z(b, 1), num_effective=_z(b, 1), anchor_hashes=_z(b, 1),
         num_actions=_z(b), success=jnp.zeros((b,), bool), terminated=jnp.zeros((b,), bool),
         truncated=jnp.zeros((b,), bool), end_reason=_z(b), overflow=jnp.zeros((b,), bool),
-        group_ids=jnp.arange(b), group_size=1)
+        group_ids=jnp.arange(b), **rollout.Trajectory.one_row_per_episode(b), group_size=1)
     table = tok.token_bytes()
     got = jax.jit(lambda p, t: train.collapse_metrics(
         p, t, jax.random.key(0), config=cfg, num_rows=b, token_table=table))(params, traj)

@@ -29,7 +29,8 @@ def fake_trajectory(scores, group_size, s=6, t=2):
       num_executed=z(b, t), num_effective=z(b, t), anchor_hashes=z(b, t),
       num_actions=z(b), success=scores > 0, terminated=scores > 0, truncated=scores <= 0,
       end_reason=z(b), overflow=jnp.zeros((b,), bool),
-      group_ids=jnp.arange(b) // group_size, group_size=group_size)
+      group_ids=jnp.arange(b) // group_size,
+      **_trajectory.Trajectory.one_row_per_episode(b), group_size=group_size)
 
 
 class CompactTest(absltest.TestCase):
