@@ -65,11 +65,17 @@ class TurnRowsBatchTest(absltest.TestCase):
                                   np.arange(R) + 100)
     np.testing.assert_array_equal(batch.episode_turns, np.repeat(TURNS, T))
     np.testing.assert_array_equal(batch.row_valid, traj.row_valid)
-    # Without history_turns (today's trajectories): one row per episode.
-    old = train.trajectory_batch(types.SimpleNamespace(
-        **{k: v for k, v in vars(traj).items() if k != "history_turns"}))
-    self.assertEqual(old.turns_per_episode, 1)
-    self.assertIsNone(old.row_valid)
+    # One row per episode (each episode's first row standing for it): no
+    # turn rows, whatever history_turns says.
+    first = {k: np.asarray(v)[::T] for k, v in vars(traj).items()
+             if k in ("tokens", "loss_mask", "logprobs", "turn_ids", "token_rewards")}
+    one = train.trajectory_batch(types.SimpleNamespace(**dict(
+        vars(traj), **first, row_valid=np.ones(B, bool), row_episode=np.arange(B),
+        row_turn=np.zeros(B, np.int32))))
+    self.assertEqual(one.turns_per_episode, 1)
+    self.assertIsNone(one.episode_turns)
+    np.testing.assert_array_equal(one.row_valid, np.ones(B, bool))
+    np.testing.assert_array_equal(one.anchor_hashes, traj.anchor_hashes)
 
 
 class TurnRowsTrainStepTest(absltest.TestCase):
