@@ -85,18 +85,18 @@ def collapse_estimates(cross_logprobs: ArrayLike, valid: ArrayLike) -> dict[str,
 def _pick_rows(traj: _trajectory.Trajectory, key: jax.Array, n: int):
   """``(rows [n], picked [n], reply mask [R, S])``: the pairs' rows (see collapse_metrics)."""
   r = traj.tokens.shape[0]
-  if traj.history_turns < 0:
-    reply = traj.loss_mask & (traj.turn_ids == 0)
-    candidate = jnp.any(reply, axis=1)
-    log_weight = jnp.zeros((r,), jnp.float32)
-  else:
-    if traj.row_valid is None or traj.row_episode is None:
-      raise ValueError("collapse_metrics: a trajectory of turn rows (history_turns >= 0) "
-                       "needs row_valid and row_episode")
-    reply = jnp.asarray(traj.loss_mask, bool)
-    candidate = traj.row_valid & jnp.any(reply, axis=1)
-    turns = jnp.asarray(traj.num_turns)[traj.row_episode]
-    log_weight = -jnp.log(jnp.maximum(turns, 1).astype(jnp.float32))
+  ep = jnp.asarray(traj.row_episode, jnp.int32)
+  first = jnp.asarray(traj.row_turn, jnp.int32)
+  # Each row's first turn's reply: the row's pair.
+  reply = jnp.asarray(traj.loss_mask, bool) & (jnp.asarray(traj.turn_ids) == first[:, None])
+  candidate = jnp.asarray(traj.row_valid, bool) & jnp.any(reply, axis=1)
+  # The turns a row stands for: up to the next row's first turn, or to the
+  # end of its episode; its weight is their share of the episode's turns.
+  turns = jnp.asarray(traj.num_turns, jnp.int32)[ep]
+  same = jnp.concatenate([ep[1:] == ep[:-1], jnp.zeros((1,), bool)])
+  upto = jnp.where(same, jnp.concatenate([first[1:], jnp.zeros((1,), jnp.int32)]), turns)
+  log_f32 = lambda x: jnp.log(jnp.maximum(x, 1).astype(jnp.float32))  # noqa: E731
+  log_weight = log_f32(upto - first) - log_f32(turns)
   # Gumbel top-n: n rows without replacement, row r with probability
   # proportional to exp(log_weight[r]) at each draw.
   score = jnp.where(candidate, log_weight + jax.random.gumbel(key, (r,)), -jnp.inf)
@@ -123,21 +123,24 @@ def collapse_metrics(params: models.Params, traj: _trajectory.Trajectory, key: j
   log of the number of distinct prompts among the valid pairs (the bound
   :math:`I \le \log N`).
 
-  The pairs, by layout (:class:`jagent.rollout.Trajectory`):
+  The pairs: each row's first reply (turn ``row_turn``, see
+  :class:`jagent.rollout.Trajectory`), X = the row's context before it, Z =
+  the reply; valid rows drawn without replacement with probability
+  proportional to the share of its episode's turns the row stands for (its
+  turns up to the next row's first turn, over ``num_turns``): each episode
+  weighs the same whatever its length (RAGEN-2's trajectory-uniform
+  sampling). So
 
-  * ``history_turns = -1`` (one row per episode): each episode's FIRST turn:
-    X = the opening prompt, Z = reply 1 (``turn_ids == 0``); episodes drawn
-    uniformly without replacement. RAGEN-2's default
-    (``collapse_first_turn_sample``): a group's episodes share that prompt,
-    so X is the state alone, whereas a later turn's context holds the
-    episode's own earlier replies, which a template-collapsed policy can
-    echo (its Z would then look input-dependent), and the prefix to score
-    stays one turn long.
-  * ``history_turns = k >= 0`` (one row per turn): the row's own context and
-    its reply (the ``loss_mask`` tokens); valid rows drawn without
-    replacement with probability proportional to ``1 / num_turns`` of their
-    episode (RAGEN-2's trajectory-uniform sampling: each episode weighs the
-    same whatever its length).
+  * with one row per episode (full history): each episode's FIRST turn, X =
+    the opening prompt, Z = reply 1, episodes drawn uniformly. RAGEN-2's
+    default (``collapse_first_turn_sample``): a group's episodes share that
+    prompt, so X is the state alone, whereas a later turn's context holds
+    the episode's own earlier replies, which a template-collapsed policy
+    can echo (its Z would then look input-dependent), and the prefix to
+    score stays one turn long.
+  * with one row per turn (bounded history): every turn, with its own
+    context, drawn with probability proportional to ``1 / num_turns`` of
+    its episode.
 
   Z: the reply tokens whose bytes overlap the content
   (``content_span`` in ``jagent/rollout/_parse.py``) when ``token_table`` is given
@@ -169,7 +172,7 @@ def collapse_metrics(params: models.Params, traj: _trajectory.Trajectory, key: j
       scored (in any column). Any played turn has ``prompt + W <= S``, so
       every reply fits after every prompt.
     prompt_tokens: P, a bound on the drawn prompts' length (X); default S.
-      With ``history_turns = -1`` the first turn's prompt buffer
+      With one row per episode the first turn's prompt buffer
       (``TextEnv.first_width``) bounds X and makes the cost a turn's, not
       the conversation's. A pair whose X is longer is left out.
     token_table: ``Tokenizer.token_bytes()`` (uint8 ``[V, Wb]``, int32
@@ -185,8 +188,7 @@ def collapse_metrics(params: models.Params, traj: _trajectory.Trajectory, key: j
 
   Raises:
     ValueError: ``num_rows``, ``reply_tokens`` or ``prompt_tokens`` not an
-      int >= 1, a bad ``temperature``, or turn rows without ``row_valid`` /
-      ``row_episode``.
+      int >= 1, or a bad ``temperature``.
   """
   temperature = _logprobs.check_temperature(temperature)
   for name, value in (("num_rows", num_rows), ("reply_tokens", reply_tokens),
