@@ -103,9 +103,10 @@ def decode_samples(traj: _trajectory.Trajectory, tokenizer, num: int = 4) -> lis
     num: episodes to decode (fewer when the trajectory has fewer).
 
   Returns:
-    One dict per episode: ``text`` (the decoded tokens up to ``length``; with
-    a bounded history, ``traj.history_turns >= 0``, each taken turn's row,
-    its whole context and reply, under a ``=== turn t ===`` line), ``score``
+    One dict per episode: ``text`` (the decoded tokens up to ``length`` of
+    the episode's row; an episode in several rows, one per turn, gives each
+    taken turn's row, its whole context and reply, under a ``=== turn t
+    ===`` line), ``score``
     (float), ``success`` (bool), ``turns`` (int) and ``end_reason`` (a name
     of ``END_REASONS``); from a tree rollout (``traj.tree_size > 0``) also
     ``tree`` (the episode's tree, ``b // tree_size``), ``tree_nodes`` and
@@ -113,15 +114,17 @@ def decode_samples(traj: _trajectory.Trajectory, tokenizer, num: int = 4) -> lis
     initial state: episodes that share a node share that turn).
   """
   out = []
-  t_max = traj.turn_rewards.shape[1]
   text = lambda r: tokenizer.decode(  # noqa: E731
       np.asarray(traj.tokens[r, :int(traj.length[r])]).tolist())
+  row_episode, row_turn = np.asarray(traj.row_episode), np.asarray(traj.row_turn)
   for b in range(min(num, traj.scores.shape[0])):
     turns = int(traj.num_turns[b])
-    if traj.history_turns < 0:
-      body = text(b)
-    else:
-      body = "\n".join(f"=== turn {t + 1} ===\n{text(b * t_max + t)}" for t in range(turns))
+    rows = np.flatnonzero(row_episode == b)
+    if len(rows) == 1:  # the whole conversation
+      body = text(rows[0])
+    else:  # one row per turn: the rows of the turns taken
+      body = "\n".join(f"=== turn {row_turn[r] + 1} ===\n{text(r)}"
+                       for r in rows if row_turn[r] < turns)
     out.append({
         "text": body, "score": float(traj.scores[b]), "success": bool(traj.success[b]),
         "turns": turns, "end_reason": _trajectory.END_REASONS[int(traj.end_reason[b])],

@@ -16,6 +16,7 @@ from jagent import models
 from jagent import rollout
 from jagent import train
 from jagent import transforms
+from jagent.train import _collapse
 
 B, G, T = 6, 3, 3  # 6 episodes in 2 groups, at most 3 turns
 W = 4  # tokens per turn: 2 prompt tokens, then a reply of 1 or 2 tokens
@@ -115,6 +116,44 @@ def _old_turn_rows_batch(traj):
                               if getattr(traj, "tree_size", 0) else {}))
 
 
+def _old_pick_rows(traj, key, n):
+  r = traj.tokens.shape[0]
+  if traj.history_turns < 0:
+    reply = traj.loss_mask & (traj.turn_ids == 0)
+    candidate = jnp.any(reply, axis=1)
+    log_weight = jnp.zeros((r,), jnp.float32)
+  else:
+    reply = jnp.asarray(traj.loss_mask, bool)
+    candidate = traj.row_valid & jnp.any(reply, axis=1)
+    turns = jnp.asarray(traj.num_turns)[traj.row_episode]
+    log_weight = -jnp.log(jnp.maximum(turns, 1).astype(jnp.float32))
+  score = jnp.where(candidate, log_weight + jax.random.gumbel(key, (r,)), -jnp.inf)
+  _, rows = jax.lax.top_k(score, n)
+  return rows, candidate[rows], reply
+
+
+def _old_texts(traj, tokenizer, num):
+  out = []
+  t_max = traj.turn_rewards.shape[1]
+  text = lambda r: tokenizer.decode(  # noqa: E731
+      np.asarray(traj.tokens[r, :int(traj.length[r])]).tolist())
+  for b in range(min(num, traj.scores.shape[0])):
+    turns = int(traj.num_turns[b])
+    if traj.history_turns < 0:
+      out.append(text(b))
+    else:
+      out.append("\n".join(f"=== turn {t + 1} ===\n{text(b * t_max + t)}"
+                            for t in range(turns)))
+  return out
+
+
+class _Digits:
+  """A tokenizer stand-in: token ids as text."""
+
+  def decode(self, ids):
+    return " ".join(map(str, ids))
+
+
 def _assert_same_batch(test, got, want):
   """Equal field by field, but for ``row_valid``: None before meant every row valid."""
   test.assertEqual((got.group_size, got.turns_per_episode, got.tree_size),
@@ -175,6 +214,41 @@ class TrajectoryBatchTest(absltest.TestCase):
       adv.append(per_turn)
     np.testing.assert_array_equal(adv[0], adv[1])
     self.assertFalse(np.all(np.nan_to_num(adv[0]) == 0))
+
+
+class CollapsePairsTest(absltest.TestCase):
+
+  def test_rows_drawn_equal_the_former_branch_in_both_layouts(self):
+    full, turns = _episodes()
+    # A slot never played (a tree's row never forked into): no row, no reply.
+    unplayed = full.replace(row_valid=full.row_valid.at[4].set(False),
+                            loss_mask=full.loss_mask.at[4].set(False))
+    candidates = (B, int(TURNS.sum()), B - 1, int(TURNS.sum()))
+    for traj, count in zip((full, turns, unplayed, _as_tree(turns)), candidates):
+      r = traj.tokens.shape[0]
+      for seed in range(5):
+        for n in (3, r):
+          key = jax.random.key(seed)
+          got = jax.jit(_collapse._pick_rows, static_argnums=2)(  # pylint: disable=protected-access
+              traj, key, n)
+          want = jax.jit(_old_pick_rows, static_argnums=2)(traj, key, n)
+          for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+      # Drawing every row picks each row that holds a reply once.
+      self.assertEqual(int(np.sum(got[1])), count)
+
+class DecodeSamplesTest(absltest.TestCase):
+
+  def test_texts_equal_the_former_branch_in_both_layouts(self):
+    full, turns = _episodes()
+    for traj in (full, turns, full.replace(num_turns=full.num_turns.at[1].set(0))):
+      got = [s["text"] for s in train.decode_samples(traj, _Digits(), num=B)]
+      self.assertEqual(got, _old_texts(traj, _Digits(), B))
+    # Turn rows: one headed text per taken turn, the last one the whole episode's.
+    got = train.decode_samples(turns, _Digits(), num=B)
+    self.assertEqual([s["text"].count("=== turn ") for s in got], TURNS.tolist())
+    self.assertTrue(got[2]["text"].endswith(
+        train.decode_samples(full, _Digits(), num=3)[2]["text"]))
 
 
 if __name__ == "__main__":
