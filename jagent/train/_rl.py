@@ -105,8 +105,9 @@ def compact_groups(traj: _trajectory.Trajectory, num_keep: int,
 
   Groups are ranked by :func:`jagent.losses.filter_groups` on RAW trajectory
   scores (StarPO-S) of their played episodes (``Trajectory.played``); the
-  kept ones come first (ties to the lower index), and their rows are
-  gathered into a trajectory of ``num_keep * G`` rows. A group the filter
+  kept ones come first (ties to the lower index), and their episodes are
+  gathered, with their rows, into a trajectory of ``num_keep * G`` episodes
+  (:meth:`jagent.rollout.Trajectory.take_episodes`). A group the filter
   does not keep but that fills a slot (e.g. zero-std groups with
   ``include_zero=False``) has its loss mask zeroed, so it trains nothing.
   Jittable (``num_keep`` static).
@@ -118,7 +119,7 @@ def compact_groups(traj: _trajectory.Trajectory, num_keep: int,
       StarPO-S's: ``top_fraction`` 0.25).
 
   Returns:
-    ``(trajectory of K * G rows, metrics)`` with metrics
+    ``(trajectory of K * G episodes, metrics)`` with metrics
     ``filter/reward_std_before``, ``filter/reward_std_after`` (mean in-group
     std of raw scores over all / kept groups; the latter NaN when no group
     is kept), ``filter/kept_groups``, ``filter/kept_ratio`` (kept groups /
@@ -141,22 +142,12 @@ def compact_groups(traj: _trajectory.Trajectory, num_keep: int,
   keep, std = res.keep, res.group_std
   # Kept groups first, by decreasing std; then the rest by decreasing std.
   order = jnp.lexsort((jnp.arange(n), -std, ~keep))[:num_keep]
-  rows = (order[:, None] * g + jnp.arange(g)[None]).reshape(-1)
-  row_keep = jnp.repeat(keep[order], g)
-  if traj.history_turns < 0:
-    out = jax.tree.map(lambda x: x[rows], traj)
-    out = out.replace(loss_mask=out.loss_mask & row_keep[:, None],
-                      group_ids=jnp.arange(num_keep * g, dtype=jnp.int32) // g)
-  else:
-    # Turn rows: episode fields gather the kept episodes, the [R] row fields
-    # their T rows each (episode-major), renumbered to the new episodes.
-    t = traj.tokens.shape[0] // traj.scores.shape[0]
-    token_rows = (rows[:, None] * t + jnp.arange(t)[None]).reshape(-1)
-    by_row = {f: getattr(traj, f)[token_rows] for f in _trajectory.ROW_FIELDS}
-    out = jax.tree.map(lambda x: x[rows], traj.replace(**{f: None for f in by_row}))
-    by_row["loss_mask"] = by_row["loss_mask"] & jnp.repeat(row_keep, t)[:, None]
-    by_row["row_episode"] = jnp.arange(num_keep * g * t, dtype=jnp.int32) // t
-    out = out.replace(group_ids=jnp.arange(num_keep * g, dtype=jnp.int32) // g, **by_row)
+  episodes = (order[:, None] * g + jnp.arange(g)[None]).reshape(-1)
+  # The kept episodes and their rows, renumbered to the new episodes.
+  out = traj.take_episodes(episodes)
+  row_keep = jnp.repeat(keep[order], g)[out.row_episode]
+  out = out.replace(loss_mask=out.loss_mask & row_keep[:, None],
+                    group_ids=jnp.arange(num_keep * g, dtype=jnp.int32) // g)
   kept_std = std[order]
   num_kept = jnp.sum(keep[order]).astype(jnp.float32)
   metrics = {

@@ -16,7 +16,9 @@ from jagent import models
 from jagent import rollout
 from jagent import train
 from jagent import transforms
+from jagent.rollout import _trajectory
 from jagent.train import _collapse
+from jagent.train import _rl
 
 B, G, T = 6, 3, 3  # 6 episodes in 2 groups, at most 3 turns
 W = 4  # tokens per turn: 2 prompt tokens, then a reply of 1 or 2 tokens
@@ -130,6 +132,32 @@ def _old_pick_rows(traj, key, n):
   score = jnp.where(candidate, log_weight + jax.random.gumbel(key, (r,)), -jnp.inf)
   _, rows = jax.lax.top_k(score, n)
   return rows, candidate[rows], reply
+
+
+def _old_compacted(traj, num_keep, filter_config):
+  """The former compact_groups' trajectory."""
+  g = traj.group_size
+  n = traj.scores.shape[0] // g
+  scores = traj.scores.reshape(n, g)
+  res = losses.filter_groups(scores, filter_config.mode, filter_config.value,
+                             filter_config.include_zero, valid_ng=traj.played().reshape(n, g))
+  keep, std = res.keep, res.group_std
+  order = jnp.lexsort((jnp.arange(n), -std, ~keep))[:num_keep]
+  rows = (order[:, None] * g + jnp.arange(g)[None]).reshape(-1)
+  row_keep = jnp.repeat(keep[order], g)
+  if traj.history_turns < 0:
+    out = jax.tree.map(lambda x: x[rows], traj)
+    out = out.replace(loss_mask=out.loss_mask & row_keep[:, None],
+                      group_ids=jnp.arange(num_keep * g, dtype=jnp.int32) // g)
+  else:
+    t = traj.tokens.shape[0] // traj.scores.shape[0]
+    token_rows = (rows[:, None] * t + jnp.arange(t)[None]).reshape(-1)
+    by_row = {f: getattr(traj, f)[token_rows] for f in _trajectory.ROW_FIELDS}
+    out = jax.tree.map(lambda x: x[rows], traj.replace(**{f: None for f in by_row}))
+    by_row["loss_mask"] = by_row["loss_mask"] & jnp.repeat(row_keep, t)[:, None]
+    by_row["row_episode"] = jnp.arange(num_keep * g * t, dtype=jnp.int32) // t
+    out = out.replace(group_ids=jnp.arange(num_keep * g, dtype=jnp.int32) // g, **by_row)
+  return out
 
 
 def _old_texts(traj, tokenizer, num):
@@ -249,6 +277,47 @@ class DecodeSamplesTest(absltest.TestCase):
     self.assertEqual([s["text"].count("=== turn ") for s in got], TURNS.tolist())
     self.assertTrue(got[2]["text"].endswith(
         train.decode_samples(full, _Digits(), num=3)[2]["text"]))
+
+
+class CompactTest(absltest.TestCase):
+
+  # Group 0's scores (1, 0.5, 1.25) and group 1's (0, 2, 0.5); three filters:
+  # keep one, keep one of two slots without zero-std groups, keep both.
+  FILTERS = ((1, losses.FilterConfig("top_fraction", 0.5)),
+             (2, losses.FilterConfig("top_k", 1, False)),
+             (2, losses.FilterConfig("top_fraction", 1.0)))
+
+  def test_equals_the_former_branch_in_both_layouts(self):
+    full, turns = _episodes()
+    for traj in (full, turns, _as_tree(turns)):
+      for k, fc in self.FILTERS:
+        got, _ = jax.jit(_rl.compact_groups, static_argnums=(1, 2))(traj, k, fc)
+        want = _old_compacted(traj, k, fc)
+        if traj.history_turns < 0:
+          # The former gathered row_episode (the old episode numbers); now
+          # renumbered to the kept episodes, as with turn rows.
+          np.testing.assert_array_equal(np.asarray(want.row_episode)[:G], [3, 4, 5])  # group 1
+          np.testing.assert_array_equal(got.row_episode, np.arange(k * G))
+          want = want.replace(row_episode=got.row_episode)
+        self.assertEqual(jax.tree.structure(got), jax.tree.structure(want))
+        for path, g, w in zip(*zip(*jax.tree_util.tree_flatten_with_path(got)[0]),
+                              jax.tree.leaves(want)):
+          np.testing.assert_array_equal(g, w, err_msg=jax.tree_util.keystr(path))
+
+  def test_both_layouts_keep_the_same_episodes(self):
+    full, turns = _episodes()
+    for k, fc in self.FILTERS:
+      a, ma = _rl.compact_groups(full, k, fc)
+      b, mb = _rl.compact_groups(turns, k, fc)
+      self.assertEqual(jax.tree.map(float, ma), jax.tree.map(float, mb))
+      for f in ("scores", "num_turns", "turn_rewards", "anchor_hashes", "group_ids"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f), f)
+      # Each kept episode's trained tokens: its row's in one layout, the
+      # union of its rows' in the other.
+      per_episode = np.asarray(b.loss_mask).reshape(k * G, T, S).sum(axis=1)
+      np.testing.assert_array_equal(per_episode, np.asarray(a.loss_mask))
+      ba, bb = train.trajectory_batch(a), train.trajectory_batch(b)
+      np.testing.assert_array_equal(np.asarray(bb.scores).reshape(k * G, T)[:, 0], ba.scores)
 
 
 if __name__ == "__main__":
