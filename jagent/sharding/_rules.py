@@ -22,6 +22,7 @@ from jagent import models
 from jagent._src.types import PyTree
 from jagent.models import _axes
 from jagent.models import _partitioning
+from jagent.rollout import _trajectory
 from jagent.sharding import _mesh
 from jagent.train import _critic
 from jagent.train import _state
@@ -309,8 +310,8 @@ def rows_shardings(tree: PyTree, mesh: jax.sharding.Mesh) -> PyTree:
   Args:
     tree: a ``transforms.Batch``, ``rollout.Trajectory`` or any pytree
       whose non-scalar leaves share the leading dimension B (arrays or
-      ``jax.ShapeDtypeStruct``); a bounded-history Trajectory
-      (``history_turns >= 0``) has B episode and B * T token rows.
+      ``jax.ShapeDtypeStruct``); a Trajectory's token rows (its
+      ``ROW_FIELDS``, R) and its episode fields (B) each share theirs.
     mesh: the device mesh.
 
   Returns:
@@ -322,11 +323,19 @@ def rows_shardings(tree: PyTree, mesh: jax.sharding.Mesh) -> PyTree:
   """
   rows = batch_sharding(mesh)
   n = _mesh.rows_size(mesh)
-  sizes = {np.shape(x)[0] for x in jax.tree.leaves(tree) if np.ndim(x) >= 1}
-  # A bounded-history Trajectory has B episode rows and B * T token rows
-  # (episode-major, so a contiguous split keeps each episode's turns together).
-  if len(sizes) > 1 and getattr(tree, "history_turns", -1) < 0:
-    raise ValueError(f"row arrays disagree on the leading dimension B: {sorted(sizes)}.")
+  groups = [tree]
+  if isinstance(tree, _trajectory.Trajectory):
+    # R token rows and B episodes (R = P * B, episode-major: a contiguous
+    # split keeps each episode's rows together).
+    rows_of = {f: getattr(tree, f) for f in _trajectory.ROW_FIELDS}
+    groups = [rows_of, tree.replace(**{f: None for f in rows_of})]
+  sizes = set()
+  for group in groups:
+    group_sizes = {np.shape(x)[0] for x in jax.tree.leaves(group) if np.ndim(x) >= 1}
+    if len(group_sizes) > 1:
+      raise ValueError(f"row arrays disagree on the leading dimension B: "
+                       f"{sorted(group_sizes)}.")
+    sizes |= group_sizes
   for b in sizes:
     if b % n:
       raise ValueError(f"batch rows B={b} are not divisible by data x fsdp = {n} "

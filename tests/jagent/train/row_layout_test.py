@@ -14,6 +14,7 @@ import numpy as np
 from jagent import losses
 from jagent import models
 from jagent import rollout
+from jagent import sharding
 from jagent import train
 from jagent import transforms
 from jagent.rollout import _trajectory
@@ -318,6 +319,25 @@ class CompactTest(absltest.TestCase):
       np.testing.assert_array_equal(per_episode, np.asarray(a.loss_mask))
       ba, bb = train.trajectory_batch(a), train.trajectory_batch(b)
       np.testing.assert_array_equal(np.asarray(bb.scores).reshape(k * G, T)[:, 0], ba.scores)
+
+
+class RowsShardingTest(absltest.TestCase):
+
+  def test_episodes_and_rows_split_in_both_layouts(self):
+    mesh = sharding.make_mesh("data:2", devices=jax.devices()[:2])
+    for traj in _episodes():
+      placed = sharding.shard_rows(traj, mesh)
+      for a, b in zip(jax.tree.leaves(placed), jax.tree.leaves(traj)):
+        np.testing.assert_array_equal(a, b)
+      # Each device holds half the episodes and half the rows.
+      r = traj.tokens.shape[0]
+      self.assertEqual({s.data.shape[0] for s in placed.tokens.addressable_shards}, {r // 2})
+      self.assertEqual({s.data.shape[0] for s in placed.scores.addressable_shards}, {B // 2})
+    full, turns = _episodes()
+    with self.assertRaisesRegex(ValueError, r"disagree on the leading dimension B: \[6, 18\]"):
+      sharding.rows_shardings(full.replace(length=turns.length), mesh)
+    with self.assertRaisesRegex(ValueError, r"disagree on the leading dimension B: \[6, 18\]"):
+      sharding.rows_shardings(turns.replace(num_turns=turns.length), mesh)
 
 
 if __name__ == "__main__":
