@@ -1,21 +1,23 @@
 """The batch pytree that every transform consumes, and the loss I/O types.
 
-Shapes: ``B`` rows (trajectories, group-major: row ``b`` belongs to group
-``b // G``), ``S`` token positions (the padded context, or the trained
-window), ``T`` assistant turns.
+Shapes: ``B`` token rows, ``S`` token positions (the padded context, or the
+trained window), ``T`` assistant turns.
 
-Turn rows (bounded-history contexts, ``RolloutConfig.history_turns >= 0``):
-with ``Batch.turns_per_episode = T > 1`` every row is ONE turn of an
-episode. ``E`` episodes of ``T`` rows give ``B = E * T`` rows, episode-major
-(row ``r`` is turn ``r % T`` of episode ``r // T``, and episode ``e`` belongs
-to group ``e // G``: ``G = group_size`` counts EPISODES, so a group is ``G *
-T`` consecutive rows). Row fields (``scores``, ``terminated``,
+One row layout (:func:`jagent.train.trajectory_batch` maps a rollout's rows
+one to one): every episode owns ``P = Batch.turns_per_episode`` consecutive
+rows, so ``E = B / P`` episodes, episode-major (row ``r`` belongs to episode
+``r // P``, and episode ``e`` to group ``e // G``: ``G = group_size`` counts
+EPISODES, so a group is ``G * P`` consecutive rows). Each sampled token names
+its turn in ``turn_ids``; ``anchor_hashes`` is ``[B, T / P]``, the anchors of
+the turns the row holds. Row fields (``scores``, ``terminated``,
 ``bootstrap_values``) hold the episode's value on each of its rows;
-``anchor_hashes`` is ``[B, 1]``, the anchor of the row's own turn;
-``row_valid`` is False on the rows of turns not taken (they have no trained
-token). Stages compute over episodes on the whole batch (trajectory-level
-advantages, group statistics) and write per-row results; the losses only
-read per-row fields, so micro-batches may split episodes.
+``row_valid`` is False on rows that hold no taken turn (they have no trained
+token). With ``P = 1`` a row is a whole episode (its turns told apart by
+``turn_ids``); with ``P = T > 1`` (turn rows, a bounded-history rollout) a
+row is ONE turn of its episode: row ``r`` is turn ``r % T``. Stages compute
+over episodes on the whole batch (trajectory-level advantages, group
+statistics) and write per-row results; the losses only read per-row fields,
+so micro-batches may split episodes.
 """
 
 from __future__ import annotations
@@ -70,8 +72,9 @@ class Batch:
       rows. If None, 0.
     turn_ids: int32 ``[B, S]`` assistant-turn index of each token (-1 or any
       value on untrained tokens).
-    anchor_hashes: int32 ``[B, T]`` hash of the state each turn acted from
-      (GiGPO).
+    anchor_hashes: int32 ``[B, T / P]`` hash of the state each turn the row
+      holds acted from (GiGPO): ``[B, T]`` with one row per episode, ``[B,
+      1]`` (the row's own turn) with turn rows.
     format_valid: bool ``[B, T]`` per-turn format validity (format penalty);
       turns past the end of a trajectory are ignored.
     tree_nodes: int32 ``[B, T]`` tree rollouts: the node (shared agent step)
@@ -94,8 +97,8 @@ class Batch:
     metrics: dict of float32 ``[]`` diagnostics added by stages (filter kept
       ratio, reward std before/after, KL coefficient, ...).
     group_size: static int ``G`` (rollouts per initial state), dividing ``B``.
-    turns_per_episode: static int ``T`` rows per episode (turn rows, see the
-      module docstring); 1: one row per episode.
+    turns_per_episode: static int ``P`` rows per episode (see the module
+      docstring): 1, a row holds the whole episode; ``T``, one row per turn.
     tree_size: static int, episodes per tree of a tree rollout (dividing
       ``group_size``; 0: not a tree rollout).
   """
