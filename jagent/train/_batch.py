@@ -62,15 +62,15 @@ def trajectory_batch(traj: _trajectory.Trajectory) -> transforms.Batch:
   # The turns each row holds: all T with one row per episode, its own with one per turn.
   held = (jnp.asarray(traj.row_turn, jnp.int32)[:, None]
           + jnp.arange(t // p, dtype=jnp.int32)[None])
-  per_episode = {}
+  extra = {}
   if p > 1:  # the transforms' turn rows: each row weighs 1 / its episode's valid rows
     turns = jnp.sum(valid.reshape(b, p).astype(jnp.float32), axis=1)
-    per_episode["episode_turns"] = turns[ep]
+    extra["episode_turns"] = turns[ep]
   tree = getattr(traj, "tree_size", 0)
   if tree:
-    per_episode.update(tree_nodes=traj.tree_node[ep], tree_size=tree)
+    extra.update(tree_nodes=traj.tree_node[ep], tree_size=tree)
   return transforms.Batch(
       tokens=traj.tokens, loss_mask=traj.loss_mask, sampler_logprobs=traj.logprobs,
       rewards=traj.token_rewards, scores=traj.scores[ep], terminated=traj.terminated[ep],
       turn_ids=traj.turn_ids, anchor_hashes=traj.anchor_hashes[ep[:, None], held],
-      row_valid=valid, group_size=traj.group_size, turns_per_episode=p, **per_episode)
+      row_valid=valid, group_size=traj.group_size, turns_per_episode=p, **extra)
