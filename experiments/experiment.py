@@ -90,6 +90,11 @@ class Experiment:
     self.filter_config, self.objective = s.filter, s.objective
     self.num_keep, self.needs = s.num_keep, s.objective.needs
 
+  @property
+  def is_primary(self) -> bool:
+    """Whether this process writes the run's files (process 0; checkpoints: all)."""
+    return jax.process_index() == 0
+
   def param_shardings(self):
     """The policy's NamedShardings on :attr:`mesh` (``Params`` structure)."""
     abstract = jax.eval_shape(lambda k: models.init(self.model_config, k), jax.random.key(0))
