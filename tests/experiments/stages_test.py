@@ -27,7 +27,7 @@ from tests import testenv
 
 
 def _config():
-  """A nano Bandit run: 4 SFT steps, 4 RL steps of 2 x 2 pulls, diagnosed at steps 1, 2, 4."""
+  """A nano Bandit run: 4 SFT steps, 4 RL steps of 2 x 2 pulls, diagnosed at steps 1 and 4."""
   c = testenv.without_extras(tiny.get_config("Bandit-v0,grpo"))
   c.model = "nano"
   c.seed = 0
@@ -36,7 +36,7 @@ def _config():
   c.rl.update(dict(steps=4, warmup_steps=0, num_microbatches=1, num_minibatches=1))
   c.eval.update(dict(num_levels=2, num_groups=2, every=0, greedy=False, samples=1))
   c.checkpoint.update(dict(every=0, keep=1))
-  c.diagnostics.update(dict(every=2, num_rows=4))
+  c.diagnostics.update(dict(every=4, num_rows=4))
   return c
 
 
@@ -166,8 +166,9 @@ class ChunkedTrainTest(absltest.TestCase):
                      {k: v for k, v in s1.items() if k != "seconds"})
     self.assertEqual([r["step"] for r in r4], [r["step"] for r in r1])
     self.assertEqual(r4, r1)
-    # The diagnostics ran inside the scanned chunks, on steps 1, 2 and 4.
-    self.assertEqual([r["step"] for r in r4 if "collapse/replies" in r], [1, 2, 4])
+    # The diagnostics ran inside the one scanned chunk of four, on steps 1 and 4.
+    self.assertEqual(stages.chunk_end(config, 0, 4), 4)
+    self.assertEqual([r["step"] for r in r4 if "collapse/replies" in r], [1, 4])
     self.assertLen([r for r in r4 if "rollout/success" in r], 4)
     leaves1, leaves4 = jax.tree.leaves_with_path(st1), jax.tree.leaves(st4)
     self.assertLen(leaves4, len(leaves1))
