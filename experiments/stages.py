@@ -72,7 +72,9 @@ class Stages:
       K :func:`jagent.train.sft_update` steps; ``demos`` a
       ``transforms.Batch`` of the demonstrations (``tokens`` int32 and
       ``loss_mask`` float32 ``[D, S]``), ``indices`` int ``[K, B]`` the rows of
-      each step; metrics float32 ``[K]`` each.
+      each step; metrics float32 ``[K]`` each. (The minibatches are
+      gathered inside the program: a chunk holds the demonstrations once,
+      not K minibatches.)
     rl_chunk: ``(state, keys, hparams=None) -> (state, metrics)``: K
       :func:`jagent.train.rl_iteration` iterations (rollout -> filter ->
       advantages -> updates), one per typed PRNG key of ``keys [K]``;
@@ -88,7 +90,8 @@ class Stages:
       :func:`jagent.rollout.make_rollout` of ``kind`` (:data:`ROLLOUT_KINDS`),
       shared by the specs of the same :attr:`rollout_key`.
     rollout_key: ``(kind, temperature=None) -> key`` of that rollout.
-    rollout_config: ``(kind, temperature=None) -> RolloutConfig``.
+    rollout_config: ``(kind, temperature=None) -> RolloutConfig``; these
+      three raise ValueError for a kind not in :data:`ROLLOUT_KINDS`.
     sft_config, rl_config: ``(hparams=None) -> TrainConfig`` of the SFT and
       RL chunks.
 
