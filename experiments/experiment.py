@@ -1,17 +1,19 @@
-"""A configured run: :class:`Experiment`, and the jitted programs runs share.
+"""A configured run: :class:`Experiment`, the run-level glue around its stage programs.
 
 An :class:`Experiment` takes a config's :class:`experiments.spec.RunSpec`
-(every bad field named before anything compiles), builds the game,
-tokenizer, model, rollouts and objective, and runs the stages: SFT, RL
-steps, evaluation, checkpoints. ``experiments/train.py`` and
-``experiments/eval.py`` run it.
+(every bad field named before anything compiles), builds its
+:class:`experiments.stages.Stages` (the game, tokenizer, rollouts, and the
+pure SFT, RL and evaluation programs) and runs them on the run's device
+mesh, with what is the run's own: initial parameters, demonstrations and
+keys, evaluation bookkeeping (held-out levels, samples), checkpoints and
+export. ``experiments/train.py`` and ``experiments/eval.py`` run it.
 
 Every run lives on a device mesh: ``config.mesh`` (``jagent.sharding.make_mesh``,
 e.g. ``"data:8"`` or ``"data:2,fsdp:2,tensor:2"``; ``""``: a one-device mesh
 of the default device, whose results equal an unsharded run's bit for bit).
 The TrainStates live on ``jagent.sharding.train_state_shardings``, the SFT
-step, the RL iteration and the evaluation run jitted with explicit in/out
-shardings (rows over ``data x fsdp``), and checkpoints restore onto those
+and RL chunks (K steps a call) and the evaluation run jitted with explicit
+in/out shardings (rows over ``data x fsdp``), and checkpoints restore onto those
 shardings. The mesh may span processes (``jax.distributed.initialize`` first,
 see ``experiments/train.py``): every process then runs the same program on
 the same config, and only process 0 writes files other than checkpoints
@@ -21,7 +23,6 @@ the same config, and only process 0 writes files other than checkpoints
 from __future__ import annotations
 
 import functools
-import math
 import os
 import time
 
@@ -30,16 +31,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import envs_jax
 from experiments import blocks
 from experiments import fields
 from experiments import programs
 from experiments import spec
+from experiments import stages
 from experiments import stats
 from jagent import models
 from jagent import rollout
 from jagent import sharding
-from jagent import tokenizers
 from jagent import train
 from jagent import transforms
 
@@ -75,39 +75,20 @@ class Experiment:
       self.spec = spec.RunSpec.from_config(config, None if devices is None else len(devices))
     s = self.spec
     self.config = c = s.config
-    # "tiny": the shipped sentencepiece model; "": the model directory's
-    # tokenizer.json; else a directory holding a tokenizer.json.
-    self.tokenizer = (tokenizers.load_tiny_tokenizer() if c.tokenizer == "tiny"
-                      else tokenizers.HFTokenizer(c.tokenizer or c.model_dir))
-    self.env, self.env_params = envs_jax.make(c.env)
-    self.prompt = s.prompt
-    self.text_env = rollout.TextEnv(self.env, self.tokenizer, self.prompt,
-                                    env_params=self.env_params)
-    self.model_config = s.model
-    self.lora_config = s.lora  # None: LoRA off
     random_base = blocks.lora_base_warning(c)
     if random_base:
       logging.warning(random_base)
-    r = c.rollout
-    self.rollout_config = s.rollout
-    self.context_size = rollout.context_size(self.text_env, self.rollout_config)
-    if self.context_size > self.model_config.max_position:
-      raise fields.bad("rollout.max_tokens_per_turn", r.max_tokens_per_turn,
-                       f"rollout.max_turns={r.max_turns} turns of it need {self.context_size} "
-                       f"tokens of context; the model has {self.model_config.max_position} "
-                       "positions")
-    self.filter_config, self.objective = s.filter, s.objective
-    self.num_keep = s.num_keep
-    self.needs = self.objective.needs
     # One code path for every run: config.mesh (validated by the spec), or a
     # one-device mesh of the default device (bit for bit an unsharded run).
     self.mesh = (sharding.make_mesh(c.mesh, devices) if c.mesh
                  else sharding.make_mesh("", jax.local_devices()[:1]))
-    self.train_config = s.train
-    self._signature = None
-    # Sharded programs are shared only by Experiments on the same devices.
-    self._devices_key = (tuple(self.mesh.shape.values()),
-                         tuple(d.id for d in self.mesh.devices.flat))
+    self.stages = st = stages.make_stages(s, mesh=self.mesh)
+    self.tokenizer, self.env, self.env_params = st.tokenizer, st.env, st.env_params
+    self.text_env, self.context_size = st.text_env, st.context_size
+    self.prompt, self.model_config, self.lora_config = s.prompt, s.model, s.lora
+    self.rollout_config, self.train_config = s.rollout, s.train
+    self.filter_config, self.objective = s.filter, s.objective
+    self.num_keep, self.needs = s.num_keep, s.objective.needs
 
   @property
   def is_primary(self) -> bool:
@@ -119,55 +100,20 @@ class Experiment:
     abstract = jax.eval_shape(lambda k: models.init(self.model_config, k), jax.random.key(0))
     return sharding.param_shardings(abstract, self.mesh)
 
-  def signature(self, fields: tuple[str, ...] | None = None) -> str:
-    """JSON of the config's dotted ``fields`` (None: all but ``seed``).
-
-    A key for :func:`experiments.programs.shared_program`: runs that agree on the fields a
-    program reads can share it.
-    """
-    if fields is not None:
-      return programs.fields_json(self.config, fields)
-    if self._signature is None:
-      unseeded = self.config.copy_and_resolve_references()
-      unseeded.seed = 0
-      self._signature = unseeded.to_json_best_effort(sort_keys=True)
-    return self._signature
-
-  # ------------------------------------------------------------------ rollouts
-  def _rollout_config(self, kind: str, temperature: float | None) -> rollout.RolloutConfig:
-    if kind == "train":
-      return self.rollout_config
-    return blocks.eval_rollout_config(self.config, temperature=temperature,
-                                      greedy=kind == "eval_greedy", context_size=self.context_size)
-
   def rollout_fn(self, kind: str, temperature: float | None = None):
     """The jitted rollout: ``"train"``, ``"eval_temp"`` or ``"eval_greedy"``.
 
     ``temperature`` (eval kinds only) overrides ``config.eval.temperature``.
-    Shared by the Experiments of this process whose configs agree on the
-    fields the rollout reads (built and compiled once). Always the
-    single-program ``jagent.rollout.make_rollout`` (vmappable, nestable in
-    other programs); :meth:`evaluate` and :meth:`rl_step` run it on the mesh.
+    :attr:`stages`' ``rollout``: shared by the Experiments of this process
+    whose specs agree on what the rollout reads (built and compiled once);
+    vmappable and nestable in other programs.
     """
-    if kind == "train":
-      temperature = None  # the train rollout samples at rollout.temperature
-    elif temperature is None:
-      temperature = self.config.eval.temperature
-
-    def build():
-      return rollout.make_rollout(self.text_env, self.model_config,
-                                  self._rollout_config(kind, temperature), self.env_params)
-
-    return programs.shared_program(
-        ("rollout", self.signature(programs.ROLLOUT_FIELDS), kind, temperature), build)
+    return self.stages.rollout(kind, None if kind == "train" else temperature)
 
   def eval_program(self, kind: str, temperature: float | None = None):
     """``jagent.sharding.shard_eval_program`` of :meth:`rollout_fn` on :attr:`mesh`."""
-    if temperature is None:
-      temperature = self.config.eval.temperature
     return programs.shared_program(
-        ("eval_program", self.signature(programs.ROLLOUT_FIELDS), kind, temperature,
-         self._devices_key),
+        ("eval_program", self.stages.rollout_key(kind, temperature), self.stages.keys["mesh"]),
         lambda: sharding.shard_eval_program(self.rollout_fn(kind, temperature), self.mesh))
 
   def _evaluate(self, params, kind: str, temperature: float | None = None):
@@ -234,9 +180,8 @@ class Experiment:
 
     ``learning_rate`` may be a traced float32 scalar (a vmapped sweep).
     """
-    optimizer = ((self.spec.sft_optimizer if learning_rate is None else None)
-                 or blocks.sft_optimizer(self.config, learning_rate))
-    return train.TrainConfig(model=self.model_config, actor_optimizer=optimizer)
+    return self.stages.sft_config(
+        None if learning_rate is None else {"sft.learning_rate": learning_rate})
 
   def sft_batch_indices(self, row_valid) -> np.ndarray:
     """int64 ``[sft.steps, sft.batch_size]``: the demonstration rows of each SFT step.
@@ -261,16 +206,39 @@ class Experiment:
                        for _ in range(c.sft.steps)], np.int64).reshape(
                            c.sft.steps, c.sft.batch_size)
 
-  def sft_state(self, params, config: train.TrainConfig | None = None) -> train.TrainState:
+  def sft_state(self, params) -> train.TrainState:
     """The SFT TrainState starting from ``params``, on the mesh's shardings."""
-    def make(p):
-      return train.init_train_state(p, jax.random.key(self.config.seed),
-                                    config=config or self.sft_train_config())
+    key = jax.random.key(self.config.seed)
+    return sharding.place_state(lambda p: self.stages.init_sft_state(p, key), params,
+                                mesh=self.mesh)
 
-    return sharding.place_state(make, params, mesh=self.mesh)
+  def _on_mesh(self, name: str, fn, state, *args):
+    """``fn(state, *args)`` jitted on :attr:`mesh`: the state on its shardings (donated),
+    the other arguments and the outputs but the state replicated; shared by the
+    Experiments whose stage ``name`` (:attr:`stages`' keys) agrees."""
+    state_sh = sharding.train_state_shardings(state, self.mesh)
+    rep = sharding.replicated(self.mesh)
+    program = programs.shared_program(
+        (name, self.stages.keys[name]),
+        lambda: jax.jit(fn, in_shardings=(state_sh,) + (rep,) * len(args),
+                        out_shardings=(state_sh, rep), donate_argnums=0))
+    with sharding.activation_rules(self.mesh):
+      return program(state, *args)
 
-  def sft(self, writer, *, progress: bool = True):
-    """Behaviour cloning on :meth:`demonstrations`; returns the params."""
+  def _replicated(self, tree):
+    """Host arrays equal on every process as global arrays replicated on :attr:`mesh`."""
+    rep = sharding.replicated(self.mesh)
+    return jax.tree.map(
+        lambda x: jax.make_array_from_process_local_data(rep, np.asarray(x), np.shape(x)), tree)
+
+  def sft(self, writer, *, progress: bool = True, chunk: int | None = None):
+    """Behaviour cloning on :meth:`demonstrations`; returns the params.
+
+    Runs :attr:`stages`' ``sft_chunk`` on :attr:`mesh`, ``chunk`` steps a call
+    (:func:`experiments.stages.sft_chunk_end`; the results do not depend on
+    it), and writes the metrics of every :data:`experiments.stages.SFT_LOG_EVERY`-th
+    step and the last at steps ``-sft.steps + step + 1``.
+    """
     import tqdm  # pylint: disable=g-import-not-at-top
     c = self.config
     params = self.init_params()
@@ -278,38 +246,36 @@ class Experiment:
       return params
     demos = self.demonstrations()
     batch_all = train.trajectory_batch(demos)
-    tc = self.sft_train_config()
-    state = self.sft_state(params, tc)
+    state = self.sft_state(params)
     indices = self.sft_batch_indices(demos.row_valid)
     success = float(np.mean(demos.success))
-    step_fn = programs.shared_program(
-        ("sft_step", self.signature(programs.SFT_FIELDS), self._devices_key),
-        lambda: sharding.shard_sft_step(tc, self.mesh,
-                                        sharding.train_state_shardings(state, self.mesh)))
-    tokens, loss_mask = np.asarray(batch_all.tokens), np.asarray(batch_all.loss_mask)
-    for step in tqdm.trange(c.sft.steps, disable=not progress, desc="SFT"):
-      # Every process holds the demonstrations; each places its rows.
-      idx = indices[step]
-      mb = sharding.global_rows(
-          transforms.Batch(tokens=tokens[idx], loss_mask=loss_mask[idx]), self.mesh)
-      state, m = step_fn(state, mb)
-      if (step + 1) % 50 == 0 or step + 1 == c.sft.steps:
-        writer.write(-c.sft.steps + step + 1, {
-            **{k: float(v) for k, v in m.items()}, "sft/demo_success": success})
+    # Every process holds the demonstrations: placed once, replicated; each
+    # step's rows are gathered inside the program.
+    rows = self._replicated(transforms.Batch(
+        tokens=np.asarray(batch_all.tokens, np.int32),
+        loss_mask=np.asarray(batch_all.loss_mask, np.float32)))
+    bar = tqdm.tqdm(total=c.sft.steps, disable=not progress, desc="SFT")
+    start = 0
+    while start < c.sft.steps:
+      stop = stages.sft_chunk_end(c, start, chunk)
+      state, m = self._on_mesh("sft", self.stages.sft_chunk, state, rows,
+                               self._replicated(indices[start:stop].astype(np.int32)))
+      m = jax.device_get(m)
+      for i, step in enumerate(range(start, stop)):
+        if (step + 1) % stages.SFT_LOG_EVERY == 0 or step + 1 == c.sft.steps:
+          writer.write(-c.sft.steps + step + 1, {
+              **{k: float(v[i]) for k, v in m.items()}, "sft/demo_success": success})
+      bar.update(stop - start)
+      start = stop
+    bar.close()
     return state.params
 
   # ------------------------------------------------------------------------ RL
   def rl_state(self, params) -> train.TrainState:
     """The RL TrainState starting from ``params`` (critic/reference as needed)."""
-    c = self.config
-
-    def make(p):
-      return train.init_train_state(
-          p, jax.random.key(c.seed + 1), config=self.train_config,
-          critic=c.rl.critic if self.needs.critic else None, reference=self.needs.reference,
-          objective=self.objective)
-
-    return sharding.place_state(make, params, mesh=self.mesh)
+    key = jax.random.key(self.config.seed + 1)
+    return sharding.place_state(lambda p: self.stages.init_rl_state(p, key), params,
+                                mesh=self.mesh)
 
   def rl_state_target(self):
     """A restore target of the RL TrainState (``Checkpointer.restore``) on :attr:`mesh`.
@@ -319,7 +285,8 @@ class Experiment:
     onto this run's.
     """
     abstract = jax.eval_shape(
-        lambda k: self.rl_state(self.with_lora(models.init(self.model_config, k))),
+        lambda k: self.stages.init_rl_state(
+            self.with_lora(models.init(self.model_config, k)), jax.random.key(0)),
         jax.random.key(0))
     target = sharding.train_state_target(abstract, self.mesh)
     if self.lora_config is None:
@@ -338,93 +305,34 @@ class Experiment:
     """The rollout key of RL step ``step`` (0-based)."""
     return jax.random.fold_in(jax.random.key(self.config.seed + 2), step)
 
-  def rl_iteration(self, state, key, *, config: train.TrainConfig | None = None):
-    """One pure RL iteration (``jagent.train.rl_iteration`` with this run's pieces).
+  def rl_chunk(self, state, start: int, stop: int) -> tuple[train.TrainState, list[dict]]:
+    """RL steps ``start .. stop - 1`` (0-based) as one jitted program on :attr:`mesh`.
 
-    ``config`` overrides :attr:`train_config` (e.g. with a traced learning
-    rate). Not jitted: jit or vmap it; :meth:`rl_step` runs it jitted,
-    with :meth:`diagnostics` (left out here: under ``vmap`` its ``lax.cond``
-    on the batched step would run every step).
+    :attr:`stages`' ``rl_chunk`` (rollout, compaction by the filter, update,
+    ``stop - start`` times, with the collapse diagnostics when
+    ``config.diagnostics.every`` > 0) over the keys :meth:`rl_key` of those
+    steps. The input ``state`` is donated.
+
+    Returns:
+      ``(state, records)``: one dict of floats per step,
+      :func:`experiments.stages.step_records` of the chunk's metrics
+      (``time/step_seconds``: the chunk's wall time over its steps).
+
+    Raises:
+      ValueError: ``stop <= start``.
     """
-    return train.rl_iteration(
-        state, key, rollout_fn=self.rollout_fn("train"), objective=self.objective,
-        config=self.train_config if config is None else config, num_keep=self.num_keep,
-        filter_config=self.filter_config)
-
-  def diagnostics(self):
-    """The RL iteration's ``diagnostics`` hook (``config.diagnostics``), or None when off.
-
-    ``hook(state, traj, key)`` runs :func:`jagent.train.collapse_metrics`
-    (``diagnostics.num_rows`` pairs; the rollout's temperature and reply
-    bound; the format of ``prompt.think`` left out of Z) under a
-    ``lax.cond`` on :func:`experiments.stats.diagnostics_due` of ``state.step``: on the other
-    steps it costs nothing and returns NaNs (not measured; MetricsWriter
-    leaves them out).
-    """
-    every = self.config.diagnostics.every
-    if not every:
-      return None
-    d = self.config.diagnostics
-    table = self.tokenizer.token_bytes()
-    rc = self.rollout_config
-    # The full layout's pairs are first turns: X fits turn 1's prompt buffer.
-    prompt = (self.text_env.first_width if rc.history_turns < 0
-              else self.context_size - rc.max_tokens_per_turn)
-
-    def compute(state, traj, key):
-      return train.collapse_metrics(
-          state.params, traj, key, config=self.model_config, num_rows=d.num_rows,
-          temperature=rc.temperature, reply_tokens=rc.max_tokens_per_turn,
-          prompt_tokens=prompt, token_table=table, think=self.prompt.think)
-
-    def hook(state, traj, key):
-      shapes = jax.eval_shape(compute, state, traj, key)
-      return jax.lax.cond(
-          stats.diagnostics_due(state.step, every), lambda: compute(state, traj, key),
-          lambda: jax.tree.map(lambda x: jnp.full(x.shape, jnp.nan, x.dtype), shapes))
-
-    return hook
+    if stop <= start:
+      raise ValueError(f"rl_chunk: steps {start}..{stop}: stop must exceed start")
+    keys = jnp.stack([self.rl_key(s) for s in range(start, stop)])
+    t0 = time.perf_counter()
+    state, m = self._on_mesh("rl", self.stages.rl_chunk, state, keys)
+    m = jax.device_get(m)
+    return state, stages.step_records(m, time.perf_counter() - t0)
 
   def rl_step(self, state, step: int):
-    """One iteration (rollout, compaction by the filter, update) as one jitted program.
-
-    The input ``state`` is donated (``jagent.sharding.shard_rl_iteration``).
-    Returns ``(state, metrics)`` with float metrics: those of
-    ``jagent.train.rl_iteration``, ``time/step_seconds`` (wall time of the
-    whole iteration, the metrics' transfer included) and the throughput of
-    the iteration: ``throughput/rollout_tokens_per_s`` (sampled tokens),
-    ``throughput/env_turns_per_s`` and ``throughput/train_tokens_per_s``
-    (trained context tokens, padding included), each per second of the
-    whole iteration (rollout and update run in one program, so they are
-    not timed apart). With ``config.diagnostics.every`` > 0 also
-    ``collapse/*`` (:func:`jagent.train.collapse_metrics` of this step's
-    rollout under the policy that sampled it), NaN on the steps that are not
-    :func:`experiments.stats.diagnostics_due`. What this step did not measure (NaN) is left
-    out of the dict: ``collapse/*`` off the diagnosed steps (or without a
-    valid (prompt, reply) pair), and the update metrics of a step whose
-    filter kept no group (``train/updates_applied`` 0: a mean over nothing).
-    A non-finite value of a step that did update stays (a diverging loss
-    must show).
-    """
-    def build():
-      return sharding.shard_rl_iteration(
-          self.rollout_fn("train"), self.objective, self.train_config, self.mesh,
-          sharding.train_state_shardings(state, self.mesh), num_keep=self.num_keep,
-          filter_config=self.filter_config, diagnostics=self.diagnostics())
-
-    fn = programs.shared_program(("rl_iteration", self.signature(), self._devices_key), build)
-    t0 = time.perf_counter()
-    state, m = fn(state, self.rl_key(step))
-    out = {k: float(v) for k, v in jax.device_get(m).items()}
-    sec = time.perf_counter() - t0
-    trained = out["train/updates_applied"] > 0
-    out = {k: v for k, v in out.items()
-           if math.isfinite(v) or (trained and not k.startswith("collapse/"))}
-    out["time/step_seconds"] = sec
-    out["throughput/rollout_tokens_per_s"] = out["rollout/sampled_tokens"] / sec
-    out["throughput/env_turns_per_s"] = out["rollout/env_turns"] / sec
-    out["throughput/train_tokens_per_s"] = out["train/context_tokens"] / sec
-    return state, out
+    """RL step ``step`` alone: :meth:`rl_chunk` of one step; returns ``(state, metrics)``."""
+    state, (m,) = self.rl_chunk(state, step, step + 1)
+    return state, m
 
   # ---------------------------------------------------------------------- eval
   def trained_reset_keys(self) -> jax.Array:

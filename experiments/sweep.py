@@ -8,9 +8,11 @@ r"""Many runs of one config as one vmapped program per stage (PureJaxRL style).
 Run ``i`` of ``--seeds=N`` is the run of :mod:`experiments.train` with
 ``config.seed + i``; ``--sweep=<field>=<v1>,<v2>,...`` adds the values of one
 float hyperparameter (every seed for every value: ``N x V`` runs). The runs
-share one program per stage, vmapped over a leading run axis of the
-TrainState and of the keys (as PureJaxRL's ``jax.jit(jax.vmap(train))(keys)``,
-https://github.com/luchris429/purejaxrl):
+share one program per stage: the run's own stage programs
+(:class:`experiments.stages.Stages`, those :mod:`experiments.train` runs),
+vmapped over a leading run axis of the TrainState and of the keys
+(:func:`experiments.stages.over_runs`, as PureJaxRL's
+``jax.jit(jax.vmap(train))(keys)``, https://github.com/luchris429/purejaxrl):
 
 1. SFT: ``sft.steps`` :func:`jagent.train.sft_step` updates (``lax.scan``) on
    each run's own demonstrations and minibatch draws.
@@ -62,7 +64,6 @@ table) and mean +- std (sample std over the seeds of each value) and writes
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import time
@@ -78,13 +79,14 @@ from experiments import experiment
 from experiments import fields
 from experiments import programs
 from experiments import spec
+from experiments import stages
 import jagent
 from jagent import models
 from jagent import train
 from jagent import transforms
 
 # Config fields a sweep can vmap: they enter the program as float32 values.
-SWEEPABLE = ("rl.learning_rate", "rl.critic_learning_rate", "sft.learning_rate")
+SWEEPABLE = stages.SWEEPABLE
 # Evaluation figures kept per stage (the greedy ones when eval.greedy).
 EVAL_KEYS = ("success", "score", "format_valid_frac")
 # RL metrics kept per step of each run (the summary's "curves"): what a
@@ -187,156 +189,76 @@ def run_configs(config, seeds: int = 1, sweep: str | None = None) -> tuple[str |
 
 
 # ------------------------------------------------------------------ programs
-BATCHINGS = ("vmap", "map")
+# The runs' batching of the stage programs (experiments.stages.over_runs).
+BATCHINGS = stages.BATCHINGS
+chunk_steps = stages.chunk_steps
 
 
-def over_runs(fn, batching: str, in_axes: tuple[int | None, ...]):
-  """``fn`` over a leading run axis of the arguments whose ``in_axes`` is 0.
-
-  ``"vmap"``: ``jax.vmap`` (the runs in parallel, PureJaxRL style).
-  ``"map"``: ``jax.lax.map`` (the runs one after the other inside the same
-  program: each computes exactly as a separate run, whose unbatched
-  operations round the same way).
-
-  Raises:
-    ValueError: an unknown ``batching``.
-  """
-  if batching not in BATCHINGS:
-    raise fields.ConfigError(f"--batching={batching!r}: must be one of {BATCHINGS}")
-  if batching == "vmap":
-    return jax.vmap(fn, in_axes=in_axes)
-
-  def mapped(*args):
-    per_run = tuple(a for a, ax in zip(args, in_axes) if ax == 0)
-
-    def one(xs):
-      it = iter(xs)
-      return fn(*(next(it) if ax == 0 else a for a, ax in zip(args, in_axes)))
-
-    return jax.lax.map(one, per_run)
-
-  return mapped
+def _hparams(field: str | None, prefix: str, values):
+  """The chunk's ``hparams``: the swept value when ``field`` is one of this stage's."""
+  return {field: values} if field and field.startswith(prefix) else {}
 
 
-def stack_runs(trees):
-  """One pytree per run -> one pytree with a leading run axis R."""
-  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
-
-
-def _same_arrays(a, b) -> bool:
-  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-  return (jax.tree.structure(a) == jax.tree.structure(b)
-          and all(x is y or np.array_equal(x, y) for x, y in zip(la, lb)))
-
-
-def stack_sharing_bases(trees) -> tuple[object, list]:
-  """Per-run trees -> ``(trainable, frozen)``: the runs share one frozen base.
-
-  Each tree's LoRA bases (:func:`jagent.models.split_frozen`) are cut off;
-  when every run's bases equal the first run's, ``trainable`` is the stack
-  of the cut trees (leading run axis R) and ``frozen`` the first run's bases
-  (no run axis): :func:`jagent.models.join_frozen` of one run's slice and
-  ``frozen`` is that run's tree. Otherwise (no LoRA, or bases that differ)
-  ``(stack_runs(trees), [])``: each run keeps its own.
-  """
-  parts = [models.split_frozen(t) for t in trees]
-  frozen = parts[0][1]
-  if not frozen or not all(_same_arrays(f, frozen) for _, f in parts[1:]):
-    return stack_runs(trees), []
-  return stack_runs([t for t, _ in parts]), frozen
-
-
-def _join(tree, frozen):
-  """``tree`` with the shared bases put back (as is when there are none)."""
-  return models.join_frozen(tree, frozen) if frozen else tree
-
-
-def _cut(tree, frozen):
-  """``tree`` without the shared bases (inverse of :func:`_join`)."""
-  return models.split_frozen(tree)[0] if frozen else tree
-
-
-def _with_lr(config, which: str, lr):
-  opt = getattr(config, which)
-  return config.replace(**{which: dataclasses.replace(opt, learning_rate=lr)})
-
-
-def sft_program(exp: experiment.Experiment, field: str | None, batching: str = "vmap"):
-  """The SFT stage of R runs as one program (``jit`` of :func:`over_runs`).
+def sft_program(st: stages.Stages, field: str | None, batching: str = "vmap"):
+  """The SFT stage of R runs as one program: ``jit`` of :func:`experiments.stages.over_runs`
+  of :attr:`experiments.stages.Stages.sft_chunk`.
 
   ``(states, frozen, tokens, masks, indices, values) -> (params, metrics)``.
 
-  ``frozen``: the runs' shared LoRA bases (:func:`stack_sharing_bases`; ``[]``
-  for none), unbatched; ``states`` and the returned params lack them then.
+  ``frozen``: the runs' shared LoRA bases (:func:`experiments.stages.stack_sharing_bases`;
+  ``[]`` for none), unbatched; ``states`` and the returned params lack them then.
   Per run (leading axis R): an SFT TrainState, its demonstrations' tokens
   and loss masks ``[D, S]``, its minibatch indices ``[steps, batch]`` and the
   swept value (the SFT learning rate when ``field == "sft.learning_rate"``,
   else unused). The metrics are :func:`jagent.train.sft_step`'s, ``[R, steps]``.
   """
-  traced = field == "sft.learning_rate"
-
   def one(state, frozen, tokens, mask, indices, value):
-    tc = exp.sft_train_config(value if traced else None)
+    state, metrics = st.sft_chunk(stages.join(state, frozen),
+                                  transforms.Batch(tokens=tokens, loss_mask=mask), indices,
+                                  _hparams(field, "sft.", value))
+    return stages.cut(state, frozen).params, metrics
 
-    def body(st, idx):
-      mb = transforms.Batch(tokens=tokens[idx], loss_mask=mask[idx])
-      st, m = train.sft_update(_join(st, frozen), mb, config=tc)
-      return _cut(st, frozen), m
-
-    state, metrics = jax.lax.scan(body, state, indices)
-    return state.params, metrics
-
-  key = ("sweep_sft", exp.signature(programs.SFT_FIELDS), traced, batching)
+  key = ("sweep_sft", st.keys["sft"], field == "sft.learning_rate", batching)
   return programs.shared_program(
-      key, lambda: jax.jit(over_runs(one, batching, (0, None, 0, 0, 0, 0))))
+      key, lambda: jax.jit(stages.over_runs(one, batching, (0, None, 0, 0, 0, 0))))
 
 
-def rl_program(exp: experiment.Experiment, field: str | None, batching: str = "vmap"):
-  """The RL stage of R runs as one program (``jit`` of :func:`over_runs`).
+def rl_program(st: stages.Stages, field: str | None, batching: str = "vmap"):
+  """The RL stage of R runs as one program: ``jit`` of :func:`experiments.stages.over_runs`
+  of :attr:`experiments.stages.Stages.rl_chunk`.
 
   ``(states, frozen, keys, values) -> (states, metrics)``.
 
   ``frozen``: the shared LoRA bases, unbatched, as in :func:`sft_program`.
-  Per run (leading axis R): an RL TrainState, its rollout keys ``[steps]``
+  Per run (leading axis R): an RL TrainState, its rollout keys ``[K]``
   and the swept value (an RL learning rate when ``field`` is one, else
-  unused); ``lax.scan`` of :meth:`experiments.experiment.Experiment.rl_iteration`
-  over the keys. The metrics are ``jagent.train.rl_iteration``'s, ``[R, steps]``.
+  unused). The metrics are ``jagent.train.rl_iteration``'s, ``[R, K]``.
   """
   def one(state, frozen, keys, value):
-    cfg = exp.train_config
-    if field == "rl.learning_rate":
-      cfg = _with_lr(cfg, "actor_optimizer", value)
-    elif field == "rl.critic_learning_rate":
-      cfg = _with_lr(cfg, "critic_optimizer", value)
+    state, metrics = st.rl_chunk(stages.join(state, frozen), keys, _hparams(field, "rl.", value))
+    return stages.cut(state, frozen), metrics
 
-    def body(st, key):
-      st, m = exp.rl_iteration(_join(st, frozen), key, config=cfg)
-      return _cut(st, frozen), m
-
-    return jax.lax.scan(body, state, keys)
-
-  return programs.shared_program(("sweep_rl", exp.signature(), field, batching),
-                                 lambda: jax.jit(over_runs(one, batching, (0, None, 0, 0))))
+  return programs.shared_program(
+      ("sweep_rl", st.keys["rl"], field if field and field.startswith("rl.") else None, batching),
+      lambda: jax.jit(stages.over_runs(one, batching, (0, None, 0, 0))))
 
 
-def eval_program(exp: experiment.Experiment, greedy: bool = False, batching: str = "vmap"):
-  """The evaluation chunk of R runs as one program (``jit`` of :func:`over_runs`).
+def eval_program(st: stages.Stages, greedy: bool = False, batching: str = "vmap"):
+  """The evaluation chunk of R runs as one program: ``jit`` of
+  :func:`experiments.stages.over_runs` of :attr:`experiments.stages.Stages.eval_chunk`.
 
-  ``(params, frozen, keys, reset_keys) -> (trajectories, {metric: [R]})``:
-  ``jagent.train.eval_program`` of the run's evaluation rollout over a
-  leading run axis of ``params`` and ``keys`` (``frozen``: the shared LoRA
-  bases, unbatched, as in :func:`sft_program`; ``reset_keys``, one chunk of
-  the fixed levels, shared by the runs); ``jagent.train.evaluate`` runs it
+  ``(params, frozen, keys, reset_keys) -> (trajectories, {metric: [R]})``
+  over a leading run axis of ``params`` and ``keys`` (``frozen``: the shared
+  LoRA bases, unbatched, as in :func:`sft_program`; ``reset_keys``, one chunk
+  of the fixed levels, shared by the runs); ``jagent.train.evaluate`` runs it
   over the chunks as :meth:`experiments.experiment.Experiment.evaluate` does.
   """
-  program = train.eval_program(exp.rollout_fn("eval_greedy" if greedy else "eval_temp"))
-
   def one(params, frozen, keys, reset_keys):
-    return program(_join(params, frozen), keys, reset_keys)
+    return st.eval_chunk(stages.join(params, frozen), keys, reset_keys, greedy=greedy)
 
-  key = ("sweep_eval", exp.signature(programs.ROLLOUT_FIELDS), greedy,
-         exp.config.eval.temperature, batching)
-  return programs.shared_program(key, lambda: jax.jit(over_runs(one, batching, (0, None, 0, None))))
+  key = ("sweep_eval", st.rollout_key("eval_greedy" if greedy else "eval_temp"), batching)
+  return programs.shared_program(
+      key, lambda: jax.jit(stages.over_runs(one, batching, (0, None, 0, None))))
 
 
 # ---------------------------------------------------------------------- sweep
@@ -349,10 +271,10 @@ def _initial_params(exps) -> list:
   return [first] + [e.with_lora(first.base) for e in exps[1:]]
 
 
-def _evaluate(exp, params, frozen, keys, batching) -> list[dict]:
+def _evaluate(exp, st, params, frozen, keys, batching) -> list[dict]:
   """Per run: the :data:`EVAL_KEYS` figures (and ``greedy_*``)."""
   def figures(greedy):
-    program = eval_program(exp, greedy, batching)
+    program = eval_program(st, greedy, batching)
     m, _ = train.evaluate(lambda p, k, rk: program(p, frozen, k, rk), params, exp.eval_keys,
                           keys, exp.config.eval.num_groups)
     return m
@@ -364,24 +286,6 @@ def _evaluate(exp, params, frozen, keys, batching) -> list[dict]:
     for i, o in enumerate(out):
       o.update({f"greedy_{k}": float(g[k][i]) for k in EVAL_KEYS})
   return out
-
-
-def chunk_steps(config, steps: int | None = None) -> int:
-  """RL steps per call of the RL program: ``steps`` (> 0), else ``eval.every``, else a tenth.
-
-  Between calls the sweep prints its progress (:func:`chunk_lines`); the
-  runs' results do not depend on it (each call scans the same iteration
-  over the next keys).
-
-  Raises:
-    ConfigError: ``steps`` not None and not an int >= 0.
-  """
-  if steps is not None:
-    jagent.check_int("--chunk_steps", steps, 0, error=fields.ConfigError,
-                     why="must be an int >= 0 (0: eval.every, else a tenth of rl.steps)")
-  if steps:
-    return steps
-  return config.eval.every or max(1, math.ceil(config.rl.steps / 10))
 
 
 def _skipped(metrics) -> np.ndarray:
@@ -453,7 +357,7 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
     workdir: where ``sweep_summary.json`` goes (None: nowhere).
     seeds: runs per value (seeds ``config.seed + i``).
     sweep_spec: ``<field>=<v1>,<v2>,...`` (see :func:`parse_sweep`) or None.
-    batching: ``"vmap"`` or ``"map"`` (see :func:`over_runs`).
+    batching: ``"vmap"`` or ``"map"`` (see :func:`experiments.stages.over_runs`).
     sft_params: the runs' policy parameters after SFT, leading run axis (the
       ``"sft_params"`` of an earlier sweep with the same seeds and SFT
       fields), to start RL from instead of running SFT; None: run SFT. SFT
@@ -492,6 +396,9 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   field, runs = run_configs(config, seeds, sweep_spec)
   exps = [experiment.Experiment(c) for _, _, c in runs]
   exp = exps[0]
+  # One spec's programs for every run (they differ only in seeds and swept
+  # values: arguments); no diagnostics (under vmap its lax.cond runs every step).
+  st = stages.make_stages(exp.spec, diagnostics=False)
   c = exp.config
   values = jnp.asarray([0.0 if field is None else v for _, v, _ in runs], jnp.float32)
   seconds = {}
@@ -516,16 +423,16 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
     if c.sft.steps:
       demos = [e.demonstrations() for e in exps]
       batches = [train.trajectory_batch(d) for d in demos]
-      states, state_frozen = stack_sharing_bases(
+      states, state_frozen = stages.stack_sharing_bases(
           [e.sft_state(p) for e, p in zip(exps, initial)])
       indices = jnp.asarray(np.stack([e.sft_batch_indices(d.row_valid)
                                       for e, d in zip(exps, demos)]))
-      params, _ = sft_program(exp, field, batching)(
+      params, _ = sft_program(st, field, batching)(
           states, state_frozen, jnp.stack([b.tokens for b in batches]),
           jnp.stack([b.loss_mask for b in batches]), indices, values)
       frozen = models.split_frozen(initial[0])[1] if state_frozen else []
     else:
-      params, frozen = stack_sharing_bases(initial)
+      params, frozen = stages.stack_sharing_bases(initial)
   params = sft_params = jax.block_until_ready(params)
   seconds["sft"] = time.perf_counter() - t0
 
@@ -536,16 +443,16 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
       e.eval_keys, e.eval_levels_removed = held, removed
   eval_keys = jnp.stack([e.eval_key() for e in exps])
   say(f"sweep SFT: {seconds['sft']:.1f} s")
-  sft_eval = _evaluate(exp, params, frozen, eval_keys, batching)
+  sft_eval = _evaluate(exp, st, params, frozen, eval_keys, batching)
   seconds["eval"] = time.perf_counter() - t0
   say(f"sweep eval after SFT ({seconds['eval']:.1f} s): success per run "
       + " ".join(f"{e['success']:.3f}" for e in sft_eval))
 
   # ---- RL.
   t0 = time.perf_counter()
-  run_params = [_join(jax.tree.map(lambda x, i=i: x[i], params), frozen)
+  run_params = [stages.join(jax.tree.map(lambda x, i=i: x[i], params), frozen)
                 for i in range(len(exps))]
-  states, state_frozen = stack_sharing_bases(
+  states, state_frozen = stages.stack_sharing_bases(
       [e.rl_state(p) for e, p in zip(exps, run_params)])
   del run_params
   if frozen and not state_frozen:  # an RL state whose bases differ by run: each keeps its own
@@ -555,7 +462,7 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   skipped = [0] * len(exps)
   if c.rl.steps:
     keys = jnp.stack([jnp.stack([e.rl_key(s) for s in range(c.rl.steps)]) for e in exps])
-    program = rl_program(exp, field, batching)
+    program = rl_program(st, field, batching)
     parts, streaks = [], [0] * len(exps)
     for start in range(0, c.rl.steps, chunk):  # the same scan, K keys a call
       t_chunk = time.perf_counter()
@@ -575,7 +482,7 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   seconds["rl"] = time.perf_counter() - t0
 
   t0 = time.perf_counter()
-  rl_eval = _evaluate(exp, params, frozen, eval_keys, batching)
+  rl_eval = _evaluate(exp, st, params, frozen, eval_keys, batching)
   say(f"sweep eval after RL ({time.perf_counter() - t0:.1f} s): success per run "
       + " ".join(f"{e['success']:.3f}" for e in rl_eval))
   seconds["eval"] += time.perf_counter() - t0

@@ -18,6 +18,12 @@ Stages (each checkpointed; an existing workdir resumes where it stopped):
    the end; each prints one line under the progress bar with 95% Wilson
    intervals over the levels (:func:`evaluation_line`).
 
+The stages are :class:`experiments.stages.Stages`' programs (those
+``experiments.sweep`` vmaps), run K steps a program call: K is the
+evaluation/checkpoint/diagnostics interval (``--chunk_steps`` overrides it;
+the results do not depend on it), and the per-step records are unstacked
+from each call's metrics.
+
 A step whose filter kept no group trains nothing: its update metrics are not
 written (rather than as zeros), ``train/skipped_steps`` counts it, the bar
 shows ``skipped=N``, and ``--config.rl.empty_stop_steps=N`` stops the run
@@ -62,6 +68,7 @@ from experiments import cli
 from experiments import common
 from experiments import experiment
 from experiments import fields
+from experiments import stages
 from experiments import stats
 
 _CONFIG = cli.define_config_flag()  # a bad --config ends the program with one line
@@ -77,6 +84,9 @@ _NUM_PROCESSES = flags.DEFINE_integer(
     "num_processes", None, "Number of processes (--distributed).")
 _PROCESS_ID = flags.DEFINE_integer(
     "process_id", None, "This process's id in [0, num_processes) (--distributed).")
+_CHUNK = flags.DEFINE_integer(
+    "chunk_steps", 0, "Steps per program call (0: the evaluation/checkpoint/diagnostics "
+    "interval); the results do not depend on it.", lower_bound=0)
 
 # The metrics the panels of curves.png draw (curve_panels), RAGEN's Echo Trap
 # diagnostics among them (Wang et al., arXiv 2504.20073). (Every key of the ~80 in
@@ -355,8 +365,16 @@ def check_resumable(config, workdir: str) -> None:
         "Pass a new --workdir, or delete that one to start over.")
 
 
-def run(config, workdir: str, *, progress: bool = True) -> dict:
+def run(config, workdir: str, *, progress: bool = True, chunk: int | None = None) -> dict:
   """Runs SFT, RL and evaluation (resuming from ``workdir``); returns the summary.
+
+  The stages run as :class:`experiments.stages.Stages`' chunks on the run's
+  mesh, ``chunk`` steps a program call (None or 0: RL's
+  :func:`experiments.stages.train_chunk`, the evaluation/checkpoint/diagnostics
+  interval, and SFT's :func:`experiments.stages.sft_chunk_end`); every chunk
+  ends on the steps that evaluate, checkpoint, warn or may stop, and the
+  per-step records (``metrics.jsonl``, the progress bar) are unstacked from
+  the chunk's metrics. The results do not depend on ``chunk``.
 
   In a multi-process run every process calls it with the same config and
   ``workdir``; checkpoints are written by all, every other file by process
@@ -381,6 +399,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   t_start = time.time()
   exp = experiment.Experiment(config)  # validates the whole config first
   config = exp.config  # upgraded (experiments.spec.upgrade)
+  rl_chunk = stages.train_chunk(config, chunk)  # a bad chunk fails here
   primary = exp.is_primary
   os.makedirs(workdir, exist_ok=True)
   progress = progress and primary
@@ -403,7 +422,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   # Host counters of the steps that trained nothing: in all, and in a row.
   counts = {"skipped_steps": 0, "empty_streak": 0}
   if last is None:  # ---- SFT warm start, then the RL state at step 0.
-    params = exp.sft(writer, progress=progress)
+    params = exp.sft(writer, progress=progress, chunk=chunk)
     summary = {"env": config.env, "algorithm": config.algorithm,
                "sft": exp.evaluate_all(params, "sft", workdir)}
     writer.write(0, {f"eval/sft/{k}": v for k, v in summary["sft"].items()
@@ -427,46 +446,51 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
   if "rl" not in summary:  # ---- RL, then the final evaluation (else: both done).
     stop_after = config.rl.empty_stop_steps
     stopped = None
-    bar = tqdm.tqdm(range(int(state.step), steps), initial=int(state.step), total=steps,
-                    disable=not progress, desc=f"{config.algorithm} on {config.env}")
+    bar = tqdm.tqdm(total=steps, initial=int(state.step), disable=not progress,
+                    desc=f"{config.algorithm} on {config.env}")
     mutual_info = None
     # The steps since the last diagnosed one (after a resume: since the resume),
     # kept only when the diagnostics run: otherwise nothing ever empties it.
     recent = []
     every = config.diagnostics.every
     ckpt_every = config.checkpoint.every  # 0: only after the last step
-    for step in bar:
-      state, m = exp.rl_step(state, step)  # time/step_seconds included
-      if m["train/updates_applied"] > 0:
-        counts["empty_streak"] = 0
-      else:
-        counts["skipped_steps"] += 1
-        counts["empty_streak"] += 1
-      m["train/skipped_steps"] = float(counts["skipped_steps"])
-      if stop_after and counts["empty_streak"] >= stop_after:
-        stopped = (f"stopped after step {step + 1} of {steps}: {counts['empty_streak']} "
-                   f"steps in a row trained nothing (the filter kept no group; "
-                   f"rl.empty_stop_steps={stop_after})")
-      if (config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < steps
-          and stopped is None):  # (the final evaluation follows a stop)
-        ev = exp.evaluate(state.params)
-        ev.update(exp.evaluate_greedy(state.params))
-        m.update({f"eval/{k}": v for k, v in ev.items()})
-        announce(evaluation_line(config, "during RL", step + 1,
-                                 {**ev, **exp.success_intervals(ev)}), progress)
-      writer.write(step + 1, m)
-      if every:
-        recent.append(m)
-        if stats.diagnostics_due(step, every):  # a diagnosed step: the window ends here
-          warn_collapse(config, step + 1, m, progress=progress, recent=recent)
-          recent = []
-          mi = m.get("collapse/mutual_info", math.nan)
-          mutual_info = mi if math.isfinite(mi) else mutual_info  # the last diagnosed
-      bar.set_postfix(_postfix(m, counts["skipped_steps"], mutual_info))
-      if stopped is not None:
-        break
-      if ckpt_every and (step + 1) % ckpt_every == 0 and step + 1 < steps:
+    start = int(state.step)
+    while start < steps and stopped is None:
+      # One program call: the chunk ends on every evaluation, checkpoint,
+      # diagnosed step and possible stop, so the host acts at its end.
+      stop = stages.chunk_end(config, start, rl_chunk, counts["empty_streak"])
+      state, records = exp.rl_chunk(state, start, stop)  # time/step_seconds included
+      for step, m in zip(range(start, stop), records):
+        if m["train/updates_applied"] > 0:
+          counts["empty_streak"] = 0
+        else:
+          counts["skipped_steps"] += 1
+          counts["empty_streak"] += 1
+        m["train/skipped_steps"] = float(counts["skipped_steps"])
+        if stop_after and counts["empty_streak"] >= stop_after:
+          stopped = (f"stopped after step {step + 1} of {steps}: {counts['empty_streak']} "
+                     f"steps in a row trained nothing (the filter kept no group; "
+                     f"rl.empty_stop_steps={stop_after})")
+        if (config.eval.every and (step + 1) % config.eval.every == 0 and step + 1 < steps
+            and stopped is None):  # (the final evaluation follows a stop)
+          ev = exp.evaluate(state.params)  # the chunk's last step (chunk_end)
+          ev.update(exp.evaluate_greedy(state.params))
+          m.update({f"eval/{k}": v for k, v in ev.items()})
+          announce(evaluation_line(config, "during RL", step + 1,
+                                   {**ev, **exp.success_intervals(ev)}), progress)
+        writer.write(step + 1, m)
+        if every:
+          recent.append(m)
+          if stats.diagnostics_due(step, every):  # a diagnosed step: the window ends here
+            warn_collapse(config, step + 1, m, progress=progress, recent=recent)
+            recent = []
+            mi = m.get("collapse/mutual_info", math.nan)
+            mutual_info = mi if math.isfinite(mi) else mutual_info  # the last diagnosed
+        bar.update(1)
+        bar.set_postfix(_postfix(m, counts["skipped_steps"], mutual_info))
+      if (stopped is None and ckpt_every and stop % ckpt_every == 0 and stop < steps):
         save()
+      start = stop
     bar.close()
     if stopped is not None:
       announce(stopped, progress)
@@ -515,7 +539,7 @@ def main(argv):
   cli.check_writable(_WORKDIR.value, "--workdir")
   common.setup_compilation_cache()
   try:
-    summary = run(_CONFIG.value, _WORKDIR.value)
+    summary = run(_CONFIG.value, _WORKDIR.value, chunk=_CHUNK.value)
   except cli.Terminated:
     raise cli.Terminated(stopped_line(_CONFIG.value, _WORKDIR.value)) from None
   if jax.process_index() == 0:

@@ -301,6 +301,7 @@ _SURFACES["jagent.sharding"] = [
     "parse_mesh_spec",
     "place_state",
     "replicated",
+    "rows_constraint",
     "rows_shardings",
     "rows_size",
     "shard_eval_program",

@@ -44,6 +44,7 @@ from jagent.sharding._rules import rows_shardings
 from jagent.sharding._rules import shard_rows
 from jagent.sharding._rules import train_state_shardings
 from jagent.sharding._rules import tree_shardings
+from jagent.sharding._steps import rows_constraint
 from jagent.sharding._steps import shard_eval_program
 from jagent.sharding._steps import shard_rl_iteration
 from jagent.sharding._steps import shard_rollout
@@ -63,6 +64,7 @@ __all__ = (
     "parse_mesh_spec",
     "place_state",
     "replicated",
+    "rows_constraint",
     "rows_shardings",
     "rows_size",
     "shard_eval_program",

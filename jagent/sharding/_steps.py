@@ -156,6 +156,30 @@ def shard_sft_step(config: _state.TrainConfig, mesh: jax.sharding.Mesh,
   return _batch_step(step, mesh, state_shardings)
 
 
+def rows_constraint(mesh: jax.sharding.Mesh) -> Callable[[Any], Any]:
+  """``tree -> tree`` constraining row arrays to ``data x fsdp`` inside a jitted program.
+
+  ``jax.lax.with_sharding_constraint`` of :func:`rows_shardings` when every
+  non-scalar leaf's leading dimension is divisible by ``data x fsdp``;
+  otherwise the tree unchanged (the partitioner chooses). The
+  ``rows_constraint`` of :func:`jagent.train.rl_iteration` on a mesh (e.g.
+  the kept rows after a compaction, which a gather alone would leave
+  replicated). Call it under ``jit``.
+
+  Raises:
+    ValueError: the mesh lacks ``data`` or ``fsdp``.
+  """
+  n = _mesh.rows_size(mesh)
+
+  def on_rows(tree):
+    rows = {np.shape(x)[0] for x in jax.tree.leaves(tree) if np.ndim(x) >= 1}
+    if any(b % n for b in rows):
+      return tree  # the partitioner chooses
+    return jax.lax.with_sharding_constraint(tree, _rules.rows_shardings(tree, mesh))
+
+  return on_rows
+
+
 def shard_rl_iteration(rollout_fn: Callable[..., _trajectory.Trajectory],
                        objective: transforms.Objective, config: _state.TrainConfig,
                        mesh: jax.sharding.Mesh, state_shardings: _state.TrainState, *,
@@ -205,18 +229,11 @@ def shard_rl_iteration(rollout_fn: Callable[..., _trajectory.Trajectory],
   _check_state_shardings(state_shardings, mesh)
   _rl.iteration_filter(objective, filter_config)  # bad filters raise here, at build
   rep = _rules.replicated(mesh)
-  n = _mesh.rows_size(mesh)
-
-  def on_rows(tree):
-    rows = {np.shape(x)[0] for x in jax.tree.leaves(tree) if np.ndim(x) >= 1}
-    if any(b % n for b in rows):
-      return tree  # the partitioner chooses
-    return jax.lax.with_sharding_constraint(tree, _rules.rows_shardings(tree, mesh))
 
   def iteration(state, key):
     return _rl.rl_iteration(state, key, rollout_fn=rollout_fn, objective=objective,
                             config=config, num_keep=num_keep, filter_config=filter_config,
-                            rows_constraint=on_rows, diagnostics=diagnostics)
+                            rows_constraint=rows_constraint(mesh), diagnostics=diagnostics)
 
   jitted = jax.jit(iteration, in_shardings=(state_shardings, rep),
                    out_shardings=(state_shardings, rep), donate_argnums=0)

@@ -110,8 +110,8 @@ def _windowed_config():
   return c
 
 
-def _run(config, workdir):
-  return train_job.run(config, workdir, progress=False)
+def _run(config, workdir, chunk=None):
+  return train_job.run(config, workdir, progress=False, chunk=chunk)
 
 
 def _deterministic(record):
@@ -273,15 +273,15 @@ class _Killed(Exception):
 def _assert_resumes(test, config, want_workdir, want_summary, workdir, kill_at):
   """Runs ``config`` in ``workdir`` killed at RL step ``kill_at``, then resumed;
   asserts it ends as the uninterrupted run in ``want_workdir`` did."""
-  real_step = experiment.Experiment.rl_step
+  real_chunk = experiment.Experiment.rl_chunk
 
-  def dying_step(exp, state, step):
-    if step == kill_at:
-      raise _Killed(step)
-    return real_step(exp, state, step)
+  def dying_chunk(exp, state, start, stop):
+    if start <= kill_at < stop:
+      raise _Killed(start)
+    return real_chunk(exp, state, start, stop)
 
-  def dying_sft(exp, writer, progress=True):
-    del exp, progress
+  def dying_sft(exp, writer, **kwargs):
+    del exp, kwargs
     writer.write(0, {"sft/loss": 1.0})  # a record of the attempt, then death
     raise _Killed("sft")
 
@@ -290,9 +290,11 @@ def _assert_resumes(test, config, want_workdir, want_summary, workdir, kill_at):
   with mock.patch.object(experiment.Experiment, "sft", dying_sft):
     with test.assertRaises(_Killed):
       _run(config, workdir)
-  with mock.patch.object(experiment.Experiment, "rl_step", dying_step):
+  # (Killed at a step, not a chunk: one step a chunk; the resumed run's
+  # chunks are the default ones, as the uninterrupted run's.)
+  with mock.patch.object(experiment.Experiment, "rl_chunk", dying_chunk):
     with test.assertRaises(_Killed):
-      _run(config, workdir)
+      _run(config, workdir, chunk=1)
   # Steps 1..kill_at were logged; the last checkpoint is before kill_at.
   logged = [r["step"] for r in jtrain.read_metrics(os.path.join(workdir, "metrics.jsonl"))]
   test.assertEqual(max(logged), kill_at)
