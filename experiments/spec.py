@@ -257,10 +257,9 @@ class RunSpec:
     fields.require_int("sft.expert_max_nodes", config.sft.expert_max_nodes, 1,
                        "must be an int >= 1")
     sft = blocks.sft_optimizer(config) if config.sft.steps else None
-    # SFT rows are episodes in the full history, turns in a bounded window (at
-    # most max_turns an episode; sft_batch_indices checks the turns taken).
-    sft_rows = config.sft.num_demos * (
-        1 if config.rollout.history_turns < 0 else config.rollout.max_turns)
+    # At most rows_per_episode SFT rows a demonstration (sft_batch_indices
+    # checks the turns taken).
+    sft_rows = config.sft.num_demos * r.rows_per_episode
     if config.sft.steps and config.sft.batch_size > sft_rows:
       raise fields.bad(
           "sft.batch_size", config.sft.batch_size,

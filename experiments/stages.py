@@ -221,7 +221,7 @@ def make_stages(run_spec: spec_lib.RunSpec, *, mesh: jax.sharding.Mesh | None = 
 
     return jax.lax.scan(body, state, indices)
 
-  hook = diagnostics_hook(s, tokenizer, text_env, context) if diagnostics else None
+  hook = diagnostics_hook(s, tokenizer, text_env) if diagnostics else None
 
   def rl_chunk(state, keys, hparams=None):
     cfg = rl_config(hparams)
@@ -258,8 +258,7 @@ def make_stages(run_spec: spec_lib.RunSpec, *, mesh: jax.sharding.Mesh | None = 
                 rollout_config=rollout_config, sft_config=sft_config, rl_config=rl_config)
 
 
-def diagnostics_hook(run_spec: spec_lib.RunSpec, tokenizer, text_env: rollout.TextEnv,
-                     context_size: int):
+def diagnostics_hook(run_spec: spec_lib.RunSpec, tokenizer, text_env: rollout.TextEnv):
   """The RL iteration's ``diagnostics`` hook (``config.diagnostics``), or None when off.
 
   ``hook(state, traj, key)`` runs :func:`jagent.train.collapse_metrics`
@@ -276,8 +275,7 @@ def diagnostics_hook(run_spec: spec_lib.RunSpec, tokenizer, text_env: rollout.Te
     return None
   d = c.diagnostics
   rc = run_spec.rollout
-  # The full layout's pairs are first turns: X fits turn 1's prompt buffer.
-  prompt = text_env.first_width if rc.history_turns < 0 else context_size - rc.max_tokens_per_turn
+  prompt = rollout.first_reply_prompt_tokens(text_env, rc)
 
   def compute(state, traj, key):
     return train.collapse_metrics(

@@ -228,6 +228,7 @@ _SURFACES["jagent.rollout"] = [
     "default_instructions",
     "demonstrations",
     "expert_rollout",
+    "first_reply_prompt_tokens",
     "format_reward",
     "group_reset_keys",
     "host_rollout",

@@ -18,6 +18,7 @@ from jagent.rollout._parse import ParsedReply
 from jagent.rollout._parse import ParseSpec
 from jagent.rollout._parse import reference_parse
 from jagent.rollout._rollout import context_size
+from jagent.rollout._rollout import first_reply_prompt_tokens
 from jagent.rollout._rollout import group_reset_keys
 from jagent.rollout._rollout import make_rollout
 from jagent.rollout._rollout import RolloutConfig
@@ -44,6 +45,7 @@ __all__ = (
     "Trajectory",
     "TreeConfig",
     "context_size",
+    "first_reply_prompt_tokens",
     "default_instructions",
     "demonstrations",
     "expert_rollout",

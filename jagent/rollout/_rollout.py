@@ -130,6 +130,11 @@ class RolloutConfig:
     """B = num_groups * group_size."""
     return self.num_groups * self.group_size
 
+  @property
+  def rows_per_episode(self) -> int:
+    """P: a Trajectory's rows per episode, 1 (``history_turns = -1``) or ``max_turns``."""
+    return 1 if self.history_turns < 0 else self.max_turns
+
   def sampling(self, eos_id: int | None = None, stop_strings=()) -> _sampling.SamplingConfig:
     """The :class:`jagent.models.SamplingConfig` of one reply."""
     return _sampling.SamplingConfig(
@@ -167,6 +172,20 @@ def context_size(text_env: _text.TextEnv, config: RolloutConfig) -> int:
   if config.context_size is not None:
     return config.context_size
   return min_context_size(text_env, config)
+
+
+def first_reply_prompt_tokens(text_env: _text.TextEnv, config: RolloutConfig) -> int:
+  """Tokens of context before a row's first reply, at most.
+
+  A row's first reply follows turn 1's prompt when the row holds the whole
+  episode (``history_turns = -1``), and a turn's window (everything in the
+  row's context but its own reply budget) when each turn is a row. E.g. the
+  prompt buffer :func:`jagent.train.collapse_metrics` scores a row's first
+  reply against.
+  """
+  if config.history_turns < 0:
+    return text_env.first_width
+  return context_size(text_env, config) - config.max_tokens_per_turn
 
 
 def group_reset_keys(key: jax.Array, num_groups: int) -> jax.Array:

@@ -182,6 +182,13 @@ class HistoryConfigTest(absltest.TestCase):
     full = rollout.context_size(text_env, dataclasses.replace(config, history_turns=-1))
     self.assertEqual(
         rollout.context_size(text_env, dataclasses.replace(config, history_turns=7)), full)
+    # A turn row's first reply follows its window (the row minus its reply
+    # budget); a whole episode's follows turn 1's prompt.
+    self.assertEqual(rollout.first_reply_prompt_tokens(text_env, config), need - 16)
+    self.assertEqual(rollout.first_reply_prompt_tokens(
+        text_env, dataclasses.replace(config, history_turns=-1)), text_env.first_width)
+    self.assertEqual(config.rows_per_episode, 5)
+    self.assertEqual(dataclasses.replace(config, history_turns=-1).rows_per_episode, 1)
     short = dataclasses.replace(config, context_size=need - 1)
     with self.assertRaisesRegex(ValueError, "context_size.*history_turns"):
       rollout.make_rollout(text_env, rt.MICRO, short)
