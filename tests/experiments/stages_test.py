@@ -23,18 +23,14 @@ from experiments import stages
 from experiments import train as train_job
 from experiments.configs import tiny
 from jagent import train as jtrain
-from tests import testenv
+from tests.experiments import train_test
 
 
 def _config():
-  """A nano Bandit run: 4 SFT steps, 4 RL steps of 2 x 2 pulls, diagnosed at steps 1 and 4."""
-  c = testenv.without_extras(tiny.get_config("Bandit-v0,grpo"))
-  c.model = "nano"
-  c.seed = 0
-  c.rollout.update(dict(num_groups=2, group_size=2, max_tokens_per_turn=12))
-  c.sft.update(dict(expert="random", num_demos=4, steps=4, batch_size=4, warmup_steps=1))
-  c.rl.update(dict(steps=4, warmup_steps=0, num_microbatches=1, num_minibatches=1))
-  c.eval.update(dict(num_levels=2, num_groups=2, every=0, greedy=False, samples=1))
+  """train_test's smallest run with 4 SFT and 4 RL steps, diagnosed at steps 1 and 4."""
+  c = train_test._smallest_config()
+  c.sft.steps = 4
+  c.rl.steps = 4
   c.checkpoint.update(dict(every=0, keep=1))
   c.diagnostics.update(dict(every=4, num_rows=4))
   return c
