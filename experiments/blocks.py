@@ -126,10 +126,10 @@ def tree_config(tree) -> tuple[rollout.TreeConfig | None, dict[str, tuple[str, A
     v = tuple(v) if isinstance(v, (tuple, list)) else v
     return v[0] if isinstance(v, tuple) and len(v) == 1 else v
 
-  expand = tuple(tree.expand) if isinstance(tree.expand, (tuple, list)) else tree.expand
+  expand = per_fork(tree.expand)
   return rollout.TreeConfig(
       fork_turns=tuple(tree.fork_turns), branches=per_fork(tree.branches),
-      expand=None if expand == () else per_fork(expand), trees=tree.trees,
+      expand=None if expand == () else expand, trees=tree.trees,
       select=tree.select), args
 
 
