@@ -184,12 +184,14 @@ _SURFACES["jagent.models"] = [
     "lora_axes",
     "merge_lora",
     "param_axes",
+    "per_layer_cache",
     "read_hf_config",
     "rope_inv_freq",
     "sample_logits",
     "save_hf_checkpoint",
     "save_peft_adapter",
     "split_frozen",
+    "stacked_cache",
 ]
 
 _SURFACES["jagent.tokenizers"] = [

@@ -112,7 +112,9 @@ def decode_step_seconds(params, config, batch, prompt, new, repeats):
             params, tok[:, None], cache.lengths[:, None], cache, config=config,
             num_tokens=jnp.ones((batch,), jnp.int32))
         return models.sample_logits(logits[:, 0], key, greedy)[0], cache
-      return jax.lax.fori_loop(0, n, body, (jnp.zeros((batch,), jnp.int32), cache))
+      # The cache in the form models.generate's decode loop carries.
+      return jax.lax.fori_loop(0, n, body, (jnp.zeros((batch,), jnp.int32),
+                                            models.per_layer_cache(cache)))
     return loop
 
   short, long = make(steps[0]), make(steps[1])

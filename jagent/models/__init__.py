@@ -50,8 +50,10 @@ from jagent.models._transformer import init_cache
 from jagent.models._transformer import KVCache
 from jagent.models._transformer import LayerParams
 from jagent.models._transformer import param_axes
+from jagent.models._transformer import per_layer_cache
 from jagent.models._transformer import Params
 from jagent.models._transformer import rope_inv_freq
+from jagent.models._transformer import stacked_cache
 
 __all__ = (
     "ATTENTION_IMPLS",
@@ -83,10 +85,12 @@ __all__ = (
     "lora_axes",
     "merge_lora",
     "param_axes",
+    "per_layer_cache",
     "read_hf_config",
     "rope_inv_freq",
     "sample_logits",
     "save_hf_checkpoint",
     "save_peft_adapter",
     "split_frozen",
+    "stacked_cache",
 )

@@ -115,55 +115,74 @@ def select_impl(impl: str, *, cached: bool, dtype, head_dim: int, num_queries: i
   return impl
 
 
-# Key blocks of the cached attention. A multi-token prefill into a cache reads
-# keys in blocks and stops after the highest filled slot; a decode step (one
-# query per head) reads all slots at once up to _MAX_DECODE_BLOCK slots: there
+# Key blocks of the cached attention: a call reads keys in blocks and stops
+# after the highest filled slot. A decode step (one query per head) over one
+# layer's own buffer reads all its slots at once up to _MAX_DECODE_BLOCK: there
 # the per-block work of the online softmax cost more than the unfilled slots
-# it skips (XLA:CPU, 64 rows, S = 160 and 318).
+# it skips (XLA:CPU, 64 rows, S = 160 and 318). Over a stacked [L, ...] cache
+# it reads blocks of _STACKED_DECODE_BLOCK slots: XLA:CPU copies a sliced
+# operand before a dot, so reading the whole layer would copy all of it at
+# every step (the block size: docs/scaling.md, "CPU speed of the scanned block").
 _MIN_KEY_BLOCK = 64
 _MAX_KEY_BLOCKS = 16
 _MAX_DECODE_BLOCK = 1024
+_STACKED_DECODE_BLOCK = 128
 
 
-def _key_block(num_slots: int, num_queries: int) -> int:
+def _key_block(num_slots: int, num_queries: int, stacked: bool) -> int:
   """Keys per block of :func:`cached_attention` (``num_slots`` = one block)."""
   if num_queries == 1:
-    return num_slots if num_slots <= _MAX_DECODE_BLOCK else _MAX_DECODE_BLOCK // 2
+    return min(num_slots, _STACKED_DECODE_BLOCK if stacked else _MAX_DECODE_BLOCK)
   return min(num_slots, max(_MIN_KEY_BLOCK, -(-num_slots // _MAX_KEY_BLOCKS)))
 
 
-def _cached_reference(q_btkgh, k_bkhs, v_bksh, slots_bt, needed, dtype):
+def _cached_reference(q_btkgh, k_lbkhs, v_lbksh, layer, slots_bt, needed, dtype, stacked):
   """The reference of :func:`cached_attention`: softmax attention over a KV cache.
 
   Query t of row b sees cache slots ``<= slots_bt[b, t]``. The G query heads
   of a key/value head and the T queries form one [G*T, Dh] x [Dh, S] product
   per row and head (keys are cached transposed). When the cache is longer
-  than one key block (:func:`_key_block`; a prefill of T > 1 tokens), keys
-  are read block by block with an online softmax (Milakov & Gimelshein 2018,
+  than one key block (:func:`_key_block`), keys are read block by block with
+  an online softmax (Milakov & Gimelshein 2018,
   https://arxiv.org/abs/1805.02867, the FlashAttention recurrence) in a
   ``while_loop`` that stops after the block holding slot ``needed - 1``, so a
-  prefill costs the filled part of the cache, not all S slots (under ``vmap``
-  the loop runs to the largest ``needed``).
+  call costs the filled part of the cache, not all S slots (under ``vmap``
+  the loop runs to the largest ``needed``). Each block is sliced from the
+  ``[L, ...]`` cache itself: XLA:CPU copies a sliced operand before a dot,
+  so slicing the whole layer first would copy all of it at every step.
 
   Args:
     q_btkgh: queries [B, T, K, G, Dh] (rotary embeddings applied).
-    k_bkhs, v_bksh: the updated cache, keys [B, K, Dh, S] and values
-      [B, K, S, Dh] (this call's tokens written).
+    k_lbkhs, v_lbksh: the updated stacked cache, keys [L, B, K, Dh, S] and
+      values [L, B, K, S, Dh] (this call's tokens written).
+    layer: int32 scalar, the layer read.
     slots_bt: int32 [B, T], the last visible slot of each query (its own slot).
     needed: int32 scalar in [1, S]: no query whose output is used sees a slot
       ``>= needed`` (the others may lose those slots).
     dtype: the output dtype.
+    stacked: whether the cache is a stacked one (decode steps then read it in
+      blocks; a one-layer cache, ``L = 1``, is read whole).
 
   Returns:
     [B, T, K, G, Dh] attention outputs in ``dtype``.
   """
   b, t, nk, g, dh = q_btkgh.shape
-  s_len = v_bksh.shape[2]
-  block = _key_block(s_len, t)
+  s_len = v_lbksh.shape[3]
+  block = _key_block(s_len, t, stacked)
   neg = jnp.finfo(jnp.float32).min
   q = (q_btkgh.astype(jnp.float32) * (1.0 / math.sqrt(dh))).astype(dtype)
   q = q.transpose(0, 2, 3, 1, 4).reshape(b, nk, g * t, dh)  # [B, K, M=G*T, Dh]
   limit = jnp.tile(slots_bt, (1, g))[:, None, :, None]  # [B, 1, M, 1]: m = g*T + t
+
+  def read(cache, start, axis):
+    """Slots [start, start + block) of the layer, [B, K, ...] in ``dtype``."""
+    if block == s_len:
+      return jax.lax.dynamic_index_in_dim(cache, layer, keepdims=False).astype(dtype)
+    sizes = list(cache.shape)
+    sizes[0], sizes[axis] = 1, block
+    starts = [layer] + [0] * (cache.ndim - 1)
+    starts[axis] = start
+    return jax.lax.dynamic_slice(cache, starts, sizes)[0].astype(dtype)
 
   def scores(kb, start, lo):
     s = jnp.einsum("bkmh,bkhs->bkms", q, kb, preferred_element_type=jnp.float32)
@@ -174,19 +193,20 @@ def _cached_reference(q_btkgh, k_bkhs, v_bksh, slots_bt, needed, dtype):
     return jnp.einsum("bkms,bksh->bkmh", p.astype(dtype), vb, preferred_element_type=jnp.float32)
 
   if block == s_len:
-    o = weighted(jax.nn.softmax(scores(k_bkhs, 0, 0), axis=-1), v_bksh)
+    o = weighted(jax.nn.softmax(scores(read(k_lbkhs, 0, 4), 0, 0), axis=-1),
+                 read(v_lbksh, 0, 3))
   else:
     def body(carry):
       j, m_old, l_old, acc = carry
       lo = j * block
       start = jnp.minimum(lo, s_len - block)  # the last block may overlap the one before
-      s = scores(jax.lax.dynamic_slice_in_dim(k_bkhs, start, block, axis=3), start, lo)
+      s = scores(read(k_lbkhs, start, 4), start, lo)
       m_new = jnp.maximum(m_old, jnp.max(s, axis=-1))
       # Masked scores give exp(neg - m_new) = 0: block 0 holds slot 0, which
       # every query sees, so m_new is a real score from the first block on.
       p = jnp.exp(s - m_new[..., None])
       alpha = jnp.exp(m_old - m_new)
-      pv = weighted(p, jax.lax.dynamic_slice_in_dim(v_bksh, start, block, axis=2))
+      pv = weighted(p, read(v_lbksh, start, 3))
       return j + 1, m_new, l_old * alpha + jnp.sum(p, axis=-1), acc * alpha[..., None] + pv
 
     init = (jnp.int32(0), jnp.full((b, nk, g * t), neg, jnp.float32),
@@ -334,7 +354,8 @@ def _cached_fused(q_btkgh, k_bkhs, v_bksh, slots_bt, dtype, implementation):
   return o.astype(dtype).reshape(b, t, nk, g, dh)
 
 
-def cached_attention(q_btkgh, k_bkhs, v_bksh, slots_bt, needed, dtype, impl="auto"):
+def cached_attention(q_btkgh, k_cache, v_cache, slots_bt, needed, dtype, impl="auto",
+                     layer=None):
   """Softmax attention of queries [B,T,K,G,Dh] over a KV cache (prefill, decode).
 
   Query t of row b sees cache slots ``<= slots_bt[b, t]`` (for a call that
@@ -344,24 +365,38 @@ def cached_attention(q_btkgh, k_bkhs, v_bksh, slots_bt, needed, dtype, impl="aut
 
   Args:
     q_btkgh: queries [B, T, K, G, Dh] (rotary embeddings applied).
-    k_bkhs, v_bksh: the updated cache, keys [B, K, Dh, S] and values
-      [B, K, S, Dh] (this call's tokens written).
+    k_cache, v_cache: the updated cache (this call's tokens written): one
+      layer's keys [B, K, Dh, S] and values [B, K, S, Dh], or with ``layer``
+      the stacked cache, [L, B, K, Dh, S] and [L, B, K, S, Dh].
     slots_bt: int32 [B, T], the last visible slot of each query (its own slot).
     needed: int32 scalar in [1, S]: no query whose output is used sees a slot
       ``>= needed`` (the reference reads only those slots; the fused calls
       read all S).
     dtype: the activation and output dtype.
     impl: ``ModelConfig.attention_impl`` (see :func:`select_impl`).
+    layer: None, or an int32 scalar: the layer of a stacked cache to read
+      (the reference then slices its key blocks from the stack, never the
+      whole layer).
 
   Returns:
     [B, T, K, G, Dh] attention outputs in ``dtype``.
 
   Raises:
-    ValueError: from :func:`select_impl`, at trace time.
+    ValueError: from :func:`select_impl`, at trace time; a cache whose rank
+      does not match ``layer`` (4 without it, 5 with it).
   """
   b, t, nk, g, dh = q_btkgh.shape
+  rank = 4 if layer is None else 5
+  if k_cache.ndim != rank or v_cache.ndim != rank:
+    raise ValueError(f"cached_attention needs rank-{rank} keys and values with layer={layer!r}; "
+                     f"got shapes {k_cache.shape} and {v_cache.shape}")
+  stacked = layer is not None
+  if layer is None:
+    k_cache, v_cache, layer = k_cache[None], v_cache[None], 0
   chosen = select_impl(impl, cached=True, dtype=dtype, head_dim=dh, num_queries=t,
-                       num_keys=v_bksh.shape[2])
+                       num_keys=v_cache.shape[3])
   if chosen == "reference":
-    return _cached_reference(q_btkgh, k_bkhs, v_bksh, slots_bt, needed, dtype)
+    return _cached_reference(q_btkgh, k_cache, v_cache, layer, slots_bt, needed, dtype, stacked)
+  k_bkhs = jax.lax.dynamic_index_in_dim(k_cache, layer, keepdims=False)
+  v_bksh = jax.lax.dynamic_index_in_dim(v_cache, layer, keepdims=False)
   return _cached_fused(q_btkgh, k_bkhs, v_bksh, slots_bt, dtype, chosen)

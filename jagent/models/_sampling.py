@@ -498,8 +498,10 @@ def generate(
     tok = jnp.where(live, new, tok)
     return i + 1, tok, gen, lps, slps, n, stopped, done, live, tail, cache
 
-  state = (jnp.int32(0), tok, gen, lps, slps, n, stopped, done, pending, tail, cache)
+  state = (jnp.int32(0), tok, gen, lps, slps, n, stopped, done, pending, tail,
+           _transformer.per_layer_cache(cache))
   _, _, gen, lps, slps, n, stopped, _, _, _, cache = jax.lax.while_loop(cond, body, state)
+  cache = _transformer.stacked_cache(cache)
   last = jnp.take_along_axis(gen, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
   eos = (n > 0) & _is_eos(last, sp)
   return GenerateOutput(tokens=gen, logprobs=lps, sampling_logprobs=slps, lengths=n,

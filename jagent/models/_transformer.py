@@ -97,7 +97,8 @@ class KVCache:
   [B, K, S, Dh] (those [S, Dh] x [Dh] products reduce over the short minor
   axis; measured in docs/results.md, "Model kernels on XLA:CPU"). Values
   are [L, B, K, S, Dh]. Slots at or past ``lengths[b]`` hold garbage and are
-  never attended to by valid queries.
+  never attended to by valid queries. Inside a decode loop ``k`` and ``v``
+  may be tuples of L per-layer arrays (:func:`per_layer_cache`).
   """
   k: jax.Array  # shape=[L, B, K, Dh, S], dtype=dtype  (layers, batch, kv_heads, head_dim, cache_seq)
   v: jax.Array  # shape=[L, B, K, S, Dh]  (layers, batch, kv_heads, cache_seq, head_dim)
@@ -106,7 +107,7 @@ class KVCache:
   @property
   def max_length(self) -> int:
     """S, the number of slots per row."""
-    return self.v.shape[3]
+    return self.v[0].shape[2] if isinstance(self.v, tuple) else self.v.shape[3]
 
 
 def param_axes(config: ModelConfig) -> Params:
@@ -209,6 +210,41 @@ def init_cache(config: ModelConfig, batch_size: int, max_length: int,
       lengths, jnp.int32)
   return KVCache(k=jnp.zeros(shape_k, c.jnp_cache_dtype),
                  v=jnp.zeros(shape_v, c.jnp_cache_dtype), lengths=lengths)
+
+
+# Deepest stack whose decode loop on XLA:CPU carries one cache buffer per layer.
+_PER_LAYER_MAX_LAYERS = 8
+
+
+def per_layer_cache(cache: KVCache) -> KVCache:
+  """The form of ``cache`` a decode loop carries: per-layer buffers on short CPU stacks.
+
+  XLA:CPU copies a sliced operand before a dot, so a decode step over the
+  stacked ``[L, ...]`` cache copies what it reads of every layer. On the CPU
+  backend, for stacks of at most ``_PER_LAYER_MAX_LAYERS`` layers, the loop
+  carries ``k`` and ``v`` as tuples of L arrays instead ([B, K, Dh, S] and
+  [B, K, S, Dh]), and :func:`hidden_states` runs those layers one by one,
+  writing and reading each buffer in place (one copy of the cache on the way
+  in, one on the way out: :func:`stacked_cache`). Deeper stacks and other
+  backends keep the stack and the scan (compile time does not grow with L).
+  The values are the same either way.
+
+  Args:
+    cache: a stacked ``KVCache``.
+
+  Returns:
+    ``cache`` itself, or its per-layer form.
+  """
+  if jax.default_backend() != "cpu" or cache.k.shape[0] > _PER_LAYER_MAX_LAYERS:
+    return cache
+  return KVCache(k=tuple(cache.k), v=tuple(cache.v), lengths=cache.lengths)
+
+
+def stacked_cache(cache: KVCache) -> KVCache:
+  """:func:`per_layer_cache`'s inverse: the stacked ``[L, ...]`` form of ``cache``."""
+  if not isinstance(cache.k, tuple):
+    return cache
+  return KVCache(k=jnp.stack(cache.k), v=jnp.stack(cache.v), lengths=cache.lengths)
 
 
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:
@@ -369,26 +405,24 @@ def _from_bits(bits, like, dtype):
   return jax.tree.map(one, bits, like)
 
 
-def _write_layer(cache: jax.Array, i, index, update: jax.Array):
-  """Writes ``update`` at ``index`` of layer ``i`` of a stacked cache.
+def _write_layer(cache: jax.Array, i, index, update: jax.Array) -> jax.Array:
+  """Writes ``update`` at ``index`` of layer ``i`` of a stacked cache; returns the cache.
 
   ``cache`` is ``[L, ...]``; ``index`` indexes one layer's ``[...]`` (advanced
   indices on non-adjacent axes come first: the updates are ``[B, T, K, Dh]``);
-  slots past the end are dropped. Returns ``(cache, layer i after the
-  write)``. A float32 cache is written in place in the stack. A 16-bit float
-  cache is written in its layer, which then goes back into the stack:
-  XLA:CPU computes a bfloat16 scatter in float32, and on the stack that was
-  a float32 copy of the whole cache (two of them, 12.8 GiB each, for
-  Qwen2.5-3B's 36 layers in RAGEN's rollout: docs/scaling.md); on one layer
-  it is a layer's worth. The values are the same either way.
+  slots past the end are dropped. A float32 cache is written in place in the
+  stack. A 16-bit float cache is written in its layer, which then goes back
+  into the stack: XLA:CPU computes a bfloat16 scatter in float32, and on the
+  stack that was a float32 copy of the whole cache (two of them, 12.8 GiB
+  each, for Qwen2.5-3B's 36 layers in RAGEN's rollout: docs/scaling.md); on
+  one layer it is a layer's worth. The values are the same either way.
   """
   update = update.astype(cache.dtype)
   if not (jnp.issubdtype(cache.dtype, jnp.floating) and cache.dtype.itemsize == 2):
-    cache = cache.at[(i, *index)].set(update, mode="drop")
-    return cache, jax.lax.dynamic_index_in_dim(cache, i, keepdims=False)
+    return cache.at[(i, *index)].set(update, mode="drop")
   layer = jax.lax.dynamic_index_in_dim(cache, i, keepdims=False)
   layer = layer.at[index].set(update, mode="drop")
-  return jax.lax.dynamic_update_index_in_dim(cache, layer, i, 0), layer
+  return jax.lax.dynamic_update_index_in_dim(cache, layer, i, 0)
 
 
 def _qkv_projection(h_btd, w: _BlockWeights, cos_btf, sin_btf, dtype, delta=None):
@@ -555,13 +589,26 @@ def hidden_states(
     x = _on_rows(x)
     w, la, i = xs
     (q, k, v), finish = block(x, _from_bits(w, stack, dt), la, layer_key(i))
-    k_cache, k_all = _write_layer(k_cache, i, (rows, slice(None), slice(None), slots), k)
-    v_cache, v_all = _write_layer(v_cache, i, (rows, slice(None), slots, slice(None)), v)
-    o = _attention.cached_attention(q, k_all.astype(dt), v_all.astype(dt), slots, needed, dt,
-                                    c.attention_impl)
+    k_cache = _write_layer(k_cache, i, (rows, slice(None), slice(None), slots), k)
+    v_cache = _write_layer(v_cache, i, (rows, slice(None), slots, slice(None)), v)
+    o = _attention.cached_attention(q, k_cache, v_cache, slots, needed, dt, c.attention_impl,
+                                    layer=i)
     return (finish(o), k_cache, v_cache), None
 
   stack = _block_weights(params.layers)
+  if isinstance(cache.k, tuple):  # per-layer buffers: see per_layer_cache
+    ks, vs = list(cache.k), list(cache.v)
+    bits = _as_bits(stack)
+    for i in range(num_layers):
+      w = _from_bits(jax.tree.map(lambda a, i=i: a[i], bits), stack, dt)
+      la = jax.tree.map(lambda a, i=i: a[i], xs_adapters)
+      (q, k, v), finish = block(_on_rows(x), w, la, layer_key(i))
+      ks[i] = ks[i].at[rows, :, :, slots].set(k.astype(ks[i].dtype), mode="drop")
+      vs[i] = vs[i].at[rows, :, slots, :].set(v.astype(vs[i].dtype), mode="drop")
+      x = finish(_attention.cached_attention(q, ks[i], vs[i], slots, needed, dt,
+                                             c.attention_impl))
+    x = _rms_norm(x, params.final_norm, c.norm_eps)
+    return x, KVCache(k=tuple(ks), v=tuple(vs), lengths=cache.lengths + n)
   (x, k_cache, v_cache), _ = jax.lax.scan(
       body, (x, cache.k, cache.v), (_as_bits(stack), xs_adapters, index))
   x = _rms_norm(x, params.final_norm, c.norm_eps)

@@ -146,6 +146,32 @@ class AttentionTest(parameterized.TestCase):
     np.testing.assert_allclose(np.asarray(got, np.float64), _numpy_attention(q, k, v, visible),
                                atol=_ATOL[dtype])
 
+  @parameterized.product(impl=("reference", "xla"), t=(1, 12))
+  def test_layer_of_a_stacked_cache_matches(self, impl, t):
+    # Three layers of different random caches, S = 300: a decode step reads
+    # key blocks of the stack (the last block overlaps the one before); the
+    # other layers must not leak in, and the traced layer index is honoured.
+    s, layers = 300, []
+    for i in range(3):
+      layers.append(_cache_case(jax.random.key(20 + i), [0, 129, s - t], t, s, 2, 2, 16,
+                                jnp.float32))
+    k_stack = jnp.stack([a[1] for a, _ in layers])
+    v_stack = jnp.stack([a[2] for a, _ in layers])
+    run = jax.jit(_attention.cached_attention, static_argnums=(5, 6))
+    for i in (1, 2):
+      (q, _, _, slots, needed), (_, k, v, visible) = layers[i]
+      got = run(q, k_stack, v_stack, slots, needed, jnp.float32, impl, jnp.int32(i))
+      np.testing.assert_allclose(np.asarray(got, np.float64), _numpy_attention(q, k, v, visible),
+                                 atol=_ATOL["float32"])
+
+  def test_cache_rank_must_match_layer(self):
+    (q, k, v, slots, needed), _ = _cache_case(jax.random.key(9), [0, 3], 1, 20, 2, 2, 16,
+                                              jnp.float32)
+    with self.assertRaisesRegex(ValueError, r"rank-5 keys and values with layer=1"):
+      _attention.cached_attention(q, k, v, slots, needed, jnp.float32, "reference", 1)
+    with self.assertRaisesRegex(ValueError, r"rank-4 keys and values with layer=None"):
+      _attention.cached_attention(q, k[None], v[None], slots, needed, jnp.float32)
+
   @parameterized.parameters("float32", "bfloat16")
   def test_model_logits_agree(self, dtype):
     cfg = CFG.replace(dtype=dtype, param_dtype=dtype)

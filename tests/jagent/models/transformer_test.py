@@ -90,6 +90,34 @@ class TransformerTest(chex.TestCase):
     np.testing.assert_allclose(np.concatenate(outs, 1), self.full, atol=2e-5)
     np.testing.assert_array_equal(cache.lengths, [T] * B)
 
+  def test_per_layer_decode_cache_matches_the_stacked_one(self):
+    # A long cache (S = 300 > one stacked decode block of 128): a ragged
+    # prefill to slots 133-140, then decode steps, once carrying the stacked
+    # cache (blocks read from the stack) and once its per-layer form.
+    s, steps = 300, 3
+    tokens = jax.random.randint(jax.random.key(3), (B, 140 + steps), 0, CFG.vocab_size)
+    n1 = jnp.asarray([133, 140, 137])
+    cache = models.init_cache(CFG, B, s)
+    _, cache = _cached(self.params, tokens[:, :140], cache, n1)
+    per_layer = models.per_layer_cache(cache)
+    self.assertIsInstance(per_layer.k, tuple)
+    self.assertLen(per_layer.k, CFG.num_layers)
+    self.assertEqual(per_layer.max_length, s)
+    full = np.asarray(_full(self.params, tokens))
+    for i in range(steps):
+      tok = tokens[jnp.arange(B), n1 + i][:, None]
+      got, per_layer = _cached(self.params, tok, per_layer, None)
+      want, cache = _cached(self.params, tok, cache, None)
+      np.testing.assert_allclose(got, want, atol=1e-6)
+      for b in range(B):
+        np.testing.assert_allclose(got[b, 0], full[b, int(n1[b]) + i], atol=5e-5)
+    back = models.stacked_cache(per_layer)
+    np.testing.assert_allclose(back.k, cache.k, atol=1e-6)
+    np.testing.assert_allclose(back.v, cache.v, atol=1e-6)
+    np.testing.assert_array_equal(back.lengths, n1 + steps)
+    deep = CFG.replace(num_layers=9)
+    self.assertIsInstance(models.per_layer_cache(models.init_cache(deep, B, s)).k, jax.Array)
+
   def test_ragged_rows_with_num_tokens(self):
     # Row b takes n_b tokens in the first call and the rest in a second one.
     n1 = np.array([3, 7, 5])
