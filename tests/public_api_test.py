@@ -184,7 +184,7 @@ _SURFACES["jagent.models"] = [
     "lora_axes",
     "merge_lora",
     "param_axes",
-    "per_layer_cache",
+    "per_layer_form",
     "read_hf_config",
     "rope_inv_freq",
     "sample_logits",

@@ -106,15 +106,16 @@ def decode_step_seconds(params, config, batch, prompt, new, repeats):
   def make(n):
     @jax.jit
     def loop(params, cache):
+      # The weights and cache in the form models.generate's decode loop carries.
+      params, cache = models.per_layer_form(params, cache)
+
       def body(_, carry):
         tok, cache = carry
         logits, cache = models.apply(
             params, tok[:, None], cache.lengths[:, None], cache, config=config,
             num_tokens=jnp.ones((batch,), jnp.int32))
         return models.sample_logits(logits[:, 0], key, greedy)[0], cache
-      # The cache in the form models.generate's decode loop carries.
-      return jax.lax.fori_loop(0, n, body, (jnp.zeros((batch,), jnp.int32),
-                                            models.per_layer_cache(cache)))
+      return jax.lax.fori_loop(0, n, body, (jnp.zeros((batch,), jnp.int32), cache))
     return loop
 
   short, long = make(steps[0]), make(steps[1])

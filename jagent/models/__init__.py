@@ -50,7 +50,7 @@ from jagent.models._transformer import init_cache
 from jagent.models._transformer import KVCache
 from jagent.models._transformer import LayerParams
 from jagent.models._transformer import param_axes
-from jagent.models._transformer import per_layer_cache
+from jagent.models._transformer import per_layer_form
 from jagent.models._transformer import Params
 from jagent.models._transformer import rope_inv_freq
 from jagent.models._transformer import stacked_cache
@@ -85,7 +85,7 @@ __all__ = (
     "lora_axes",
     "merge_lora",
     "param_axes",
-    "per_layer_cache",
+    "per_layer_form",
     "read_hf_config",
     "rope_inv_freq",
     "sample_logits",

@@ -498,8 +498,10 @@ def generate(
     tok = jnp.where(live, new, tok)
     return i + 1, tok, gen, lps, slps, n, stopped, done, live, tail, cache
 
-  state = (jnp.int32(0), tok, gen, lps, slps, n, stopped, done, pending, tail,
-           _transformer.per_layer_cache(cache))
+  # The loop's own copy of the weights and cache (per_layer_form: one buffer
+  # per layer on short CPU stacks); apply reads params from the closure.
+  params, cache = _transformer.per_layer_form(params, cache)
+  state = (jnp.int32(0), tok, gen, lps, slps, n, stopped, done, pending, tail, cache)
   _, _, gen, lps, slps, n, stopped, _, _, _, cache = jax.lax.while_loop(cond, body, state)
   cache = _transformer.stacked_cache(cache)
   last = jnp.take_along_axis(gen, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]

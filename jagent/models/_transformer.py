@@ -98,7 +98,7 @@ class KVCache:
   axis; measured in docs/results.md, "Model kernels on XLA:CPU"). Values
   are [L, B, K, S, Dh]. Slots at or past ``lengths[b]`` hold garbage and are
   never attended to by valid queries. Inside a decode loop ``k`` and ``v``
-  may be tuples of L per-layer arrays (:func:`per_layer_cache`).
+  may be tuples of L per-layer arrays (:func:`per_layer_form`).
   """
   k: jax.Array  # shape=[L, B, K, Dh, S], dtype=dtype  (layers, batch, kv_heads, head_dim, cache_seq)
   v: jax.Array  # shape=[L, B, K, S, Dh]  (layers, batch, kv_heads, cache_seq, head_dim)
@@ -212,36 +212,53 @@ def init_cache(config: ModelConfig, batch_size: int, max_length: int,
                  v=jnp.zeros(shape_v, c.jnp_cache_dtype), lengths=lengths)
 
 
-# Deepest stack whose decode loop on XLA:CPU carries one cache buffer per layer.
+# Deepest stack whose decode loop on XLA:CPU carries one buffer per layer.
 _PER_LAYER_MAX_LAYERS = 8
 
 
-def per_layer_cache(cache: KVCache) -> KVCache:
-  """The form of ``cache`` a decode loop carries: per-layer buffers on short CPU stacks.
+def _layer_slices(tree, num_layers: int) -> tuple:
+  """The L per-layer trees of a tree whose leaves are stacked ``[L, ...]``."""
+  return tuple(jax.tree.map(lambda a, i=i: a[i], tree) for i in range(num_layers))
 
-  XLA:CPU copies a sliced operand before a dot, so a decode step over the
-  stacked ``[L, ...]`` cache copies what it reads of every layer. On the CPU
-  backend, for stacks of at most ``_PER_LAYER_MAX_LAYERS`` layers, the loop
-  carries ``k`` and ``v`` as tuples of L arrays instead ([B, K, Dh, S] and
-  [B, K, S, Dh]), and :func:`hidden_states` runs those layers one by one,
-  writing and reading each buffer in place (one copy of the cache on the way
-  in, one on the way out: :func:`stacked_cache`). Deeper stacks and other
-  backends keep the stack and the scan (compile time does not grow with L).
-  The values are the same either way.
+
+def per_layer_form(params, cache: KVCache):
+  """``(params, cache)`` in the form a decode loop carries: per layer on short CPU stacks.
+
+  XLA:CPU copies a sliced operand before a dot, so a decode step over
+  stacked ``[L, ...]`` weights and cache copies every layer's weights and
+  what it reads of its cache, at every step. On the CPU backend, for stacks
+  of at most ``_PER_LAYER_MAX_LAYERS`` layers, the loop carries them as
+  tuples of L per-layer arrays instead: ``params.layers`` (of a ``Params``,
+  or of a ``LoraParams``' base) becomes a tuple of L ``LayerParams``, and
+  ``cache.k`` / ``cache.v`` tuples of [B, K, Dh, S] / [B, K, S, Dh] arrays;
+  :func:`hidden_states` then runs the layers one by one, writing and reading
+  each buffer in place. Split once before the loop and stacked once after
+  it (:func:`stacked_cache`). Deeper stacks and other backends keep the stack
+  and the scan, so compile time does not grow with L. The values are the
+  same either way.
 
   Args:
+    params: ``Params`` or ``LoraParams`` with stacked layers.
     cache: a stacked ``KVCache``.
 
   Returns:
-    ``cache`` itself, or its per-layer form.
+    ``(params, cache)``, unchanged or in per-layer form.
   """
-  if jax.default_backend() != "cpu" or cache.k.shape[0] > _PER_LAYER_MAX_LAYERS:
-    return cache
-  return KVCache(k=tuple(cache.k), v=tuple(cache.v), lengths=cache.lengths)
+  num_layers = cache.k.shape[0]
+  if jax.default_backend() != "cpu" or num_layers > _PER_LAYER_MAX_LAYERS:
+    return params, cache
+  cache = KVCache(k=tuple(cache.k), v=tuple(cache.v), lengths=cache.lengths)
+  if _lora.is_lora(params):
+    if params.base is not None:
+      base = params.base.replace(layers=_layer_slices(params.base.layers, num_layers))
+      params = params.replace(base=base)
+  else:
+    params = params.replace(layers=_layer_slices(params.layers, num_layers))
+  return params, cache
 
 
 def stacked_cache(cache: KVCache) -> KVCache:
-  """:func:`per_layer_cache`'s inverse: the stacked ``[L, ...]`` form of ``cache``."""
+  """The stacked ``[L, ...]`` form of a cache :func:`per_layer_form` split."""
   if not isinstance(cache.k, tuple):
     return cache
   return KVCache(k=jnp.stack(cache.k), v=jnp.stack(cache.v), lengths=cache.lengths)
@@ -493,7 +510,11 @@ def hidden_states(
   if _lora.is_lora(params):
     lora_config, adapters = params.config, params.adapters
     params = params.base
-  num_layers = params.layers.num_layers
+  per_layer = isinstance(params.layers, tuple)
+  num_layers = len(params.layers) if per_layer else params.layers.num_layers
+  if per_layer and cache is None:
+    raise ValueError("per-layer params (per_layer_form) run only with its per-layer cache; "
+                     "got cache=None")
 
   x = _on_rows(jnp.take(params.embed, tokens, axis=0).astype(dt))  # [B, T, D]
   inv = jnp.asarray(rope_inv_freq(c))
@@ -595,12 +616,18 @@ def hidden_states(
                                     layer=i)
     return (finish(o), k_cache, v_cache), None
 
-  stack = _block_weights(params.layers)
-  if isinstance(cache.k, tuple):  # per-layer buffers: see per_layer_cache
+  if per_layer or isinstance(cache.k, tuple):  # per-layer buffers: see per_layer_form
+    if not isinstance(cache.k, tuple):
+      raise ValueError("per-layer params (per_layer_form) need the per-layer cache it returns")
     ks, vs = list(cache.k), list(cache.v)
-    bits = _as_bits(stack)
+    if not per_layer:
+      stack = _block_weights(params.layers)
+      bits = _as_bits(stack)
     for i in range(num_layers):
-      w = _from_bits(jax.tree.map(lambda a, i=i: a[i], bits), stack, dt)
+      if per_layer:
+        w = _block_weights(params.layers[i], dt)
+      else:
+        w = _from_bits(jax.tree.map(lambda a, i=i: a[i], bits), stack, dt)
       la = jax.tree.map(lambda a, i=i: a[i], xs_adapters)
       (q, k, v), finish = block(_on_rows(x), w, la, layer_key(i))
       ks[i] = ks[i].at[rows, :, :, slots].set(k.astype(ks[i].dtype), mode="drop")
@@ -609,6 +636,7 @@ def hidden_states(
                                              c.attention_impl))
     x = _rms_norm(x, params.final_norm, c.norm_eps)
     return x, KVCache(k=tuple(ks), v=tuple(vs), lengths=cache.lengths + n)
+  stack = _block_weights(params.layers)
   (x, k_cache, v_cache), _ = jax.lax.scan(
       body, (x, cache.k, cache.v), (_as_bits(stack), xs_adapters, index))
   x = _rms_norm(x, params.final_norm, c.norm_eps)

@@ -99,16 +99,19 @@ class TransformerTest(chex.TestCase):
     n1 = jnp.asarray([133, 140, 137])
     cache = models.init_cache(CFG, B, s)
     _, cache = _cached(self.params, tokens[:, :140], cache, n1)
-    per_layer = models.per_layer_cache(cache)
+    split_params, per_layer = models.per_layer_form(self.params, cache)
+    self.assertIsInstance(split_params.layers, tuple)
     self.assertIsInstance(per_layer.k, tuple)
     self.assertLen(per_layer.k, CFG.num_layers)
     self.assertEqual(per_layer.max_length, s)
     full = np.asarray(_full(self.params, tokens))
     for i in range(steps):
       tok = tokens[jnp.arange(B), n1 + i][:, None]
-      got, per_layer = _cached(self.params, tok, per_layer, None)
+      got, per_layer = _cached(split_params, tok, per_layer, None)
+      mixed, _ = _cached(self.params, tok, models.per_layer_form(self.params, cache)[1], None)
       want, cache = _cached(self.params, tok, cache, None)
       np.testing.assert_allclose(got, want, atol=1e-6)
+      np.testing.assert_allclose(mixed, want, atol=1e-6)
       for b in range(B):
         np.testing.assert_allclose(got[b, 0], full[b, int(n1[b]) + i], atol=5e-5)
     back = models.stacked_cache(per_layer)
@@ -116,7 +119,12 @@ class TransformerTest(chex.TestCase):
     np.testing.assert_allclose(back.v, cache.v, atol=1e-6)
     np.testing.assert_array_equal(back.lengths, n1 + steps)
     deep = CFG.replace(num_layers=9)
-    self.assertIsInstance(models.per_layer_cache(models.init_cache(deep, B, s)).k, jax.Array)
+    deep_params = models.init(deep, jax.random.key(0))
+    kept, kept_cache = models.per_layer_form(deep_params, models.init_cache(deep, B, s))
+    self.assertIs(kept, deep_params)
+    self.assertIsInstance(kept_cache.k, jax.Array)
+    with self.assertRaisesRegex(ValueError, "per-layer params"):
+      models.apply(split_params, tokens[:, :2], jnp.zeros((B, 2), jnp.int32), config=CFG)
 
   def test_ragged_rows_with_num_tokens(self):
     # Row b takes n_b tokens in the first call and the rest in a second one.
