@@ -496,7 +496,8 @@ def hidden_states(
     final RMSNorm, and the updated cache (None without one).
 
   Raises:
-    ValueError: tokens/positions not rank 2 or of different shapes.
+    ValueError: tokens/positions not rank 2 or of different shapes; per-layer
+      params (:func:`per_layer_form`) without its per-layer cache.
   """
   c = config
   tokens = jnp.asarray(tokens, jnp.int32)
@@ -708,7 +709,7 @@ def apply(
     ``logits_at``) and the updated cache (None without one).
 
   Raises:
-    ValueError: tokens/positions not rank 2 or of different shapes.
+    ValueError: from :func:`hidden_states`.
   """
   x, cache = hidden_states(params, tokens, positions, cache, config=config,
                            num_tokens=num_tokens, attention_mask=attention_mask,
