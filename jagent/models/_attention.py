@@ -132,7 +132,9 @@ _STACKED_DECODE_BLOCK = 128
 def _key_block(num_slots: int, num_queries: int, stacked: bool) -> int:
   """Keys per block of :func:`cached_attention` (``num_slots`` = one block)."""
   if num_queries == 1:
-    return min(num_slots, _STACKED_DECODE_BLOCK if stacked else _MAX_DECODE_BLOCK)
+    if stacked:
+      return min(num_slots, _STACKED_DECODE_BLOCK)
+    return num_slots if num_slots <= _MAX_DECODE_BLOCK else _MAX_DECODE_BLOCK // 2
   return min(num_slots, max(_MIN_KEY_BLOCK, -(-num_slots // _MAX_KEY_BLOCKS)))
 
 
@@ -176,8 +178,6 @@ def _cached_reference(q_btkgh, k_lbkhs, v_lbksh, layer, slots_bt, needed, dtype,
 
   def read(cache, start, axis):
     """Slots [start, start + block) of the layer, [B, K, ...] in ``dtype``."""
-    if block == s_len:
-      return jax.lax.dynamic_index_in_dim(cache, layer, keepdims=False).astype(dtype)
     sizes = list(cache.shape)
     sizes[0], sizes[axis] = 1, block
     starts = [layer] + [0] * (cache.ndim - 1)

@@ -530,6 +530,10 @@ def hidden_states(
   else:
     slots = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
     rows = jnp.arange(b, dtype=jnp.int32)[:, None]
+    # Where a layer's keys [B, K, Dh, S] and values [B, K, S, Dh] take this
+    # call's tokens (advanced indices first: the updates are [B, T, K, Dh]).
+    k_at = (rows, slice(None), slice(None), slots)
+    v_at = (rows, slice(None), slots, slice(None))
     n = jnp.full((b,), t, jnp.int32) if num_tokens is None else jnp.asarray(num_tokens, jnp.int32)
     # Slots any used query reads: rows with no valid token read none.
     needed = jnp.clip(jnp.max(jnp.where(n > 0, cache.lengths + n, 0)), 1, cache.max_length)
@@ -611,8 +615,8 @@ def hidden_states(
     x = _on_rows(x)
     w, la, i = xs
     (q, k, v), finish = block(x, _from_bits(w, stack, dt), la, layer_key(i))
-    k_cache = _write_layer(k_cache, i, (rows, slice(None), slice(None), slots), k)
-    v_cache = _write_layer(v_cache, i, (rows, slice(None), slots, slice(None)), v)
+    k_cache = _write_layer(k_cache, i, k_at, k)
+    v_cache = _write_layer(v_cache, i, v_at, v)
     o = _attention.cached_attention(q, k_cache, v_cache, slots, needed, dt, c.attention_impl,
                                     layer=i)
     return (finish(o), k_cache, v_cache), None
@@ -631,8 +635,8 @@ def hidden_states(
         w = _from_bits(jax.tree.map(lambda a, i=i: a[i], bits), stack, dt)
       la = jax.tree.map(lambda a, i=i: a[i], xs_adapters)
       (q, k, v), finish = block(_on_rows(x), w, la, layer_key(i))
-      ks[i] = ks[i].at[rows, :, :, slots].set(k.astype(ks[i].dtype), mode="drop")
-      vs[i] = vs[i].at[rows, :, slots, :].set(v.astype(vs[i].dtype), mode="drop")
+      ks[i] = ks[i].at[k_at].set(k.astype(ks[i].dtype), mode="drop")
+      vs[i] = vs[i].at[v_at].set(v.astype(vs[i].dtype), mode="drop")
       x = finish(_attention.cached_attention(q, ks[i], vs[i], slots, needed, dt,
                                              c.attention_impl))
     x = _rms_norm(x, params.final_norm, c.norm_eps)
