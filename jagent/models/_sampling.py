@@ -422,6 +422,8 @@ def generate(
     cache: optional KVCache from an earlier call or :func:`init_cache`
       (donated); it needs ``lengths + prompt_lengths + N <= S`` slots (writes
       past S are dropped). Default: an empty cache of ``cache_size`` slots.
+      A cache in per-layer form (:func:`jagent.models.per_layer_form`) is
+      returned in that form; a stacked one stacked.
     config: model config (static).
     sampling: SamplingConfig (static).
     cache_size: slots of the default cache (static; default P + N).
@@ -453,6 +455,7 @@ def generate(
   active = jnp.ones((b,), bool) if active is None else jnp.asarray(active, bool)
   if cache is None:
     cache = _transformer.init_cache(c, b, cache_size or p + n_max)
+  split_in = isinstance(cache.k, tuple)
   logits, cache = prefill(params, prompt, prompt_lengths, cache, config=c,
                           chunk=sp.prefill_chunk)
   tok, lp, slp = sample_logits(logits, fold_in(key, 0), sp)
@@ -499,11 +502,13 @@ def generate(
     return i + 1, tok, gen, lps, slps, n, stopped, done, live, tail, cache
 
   # The loop's own copy of the weights and cache (per_layer_form: one buffer
-  # per layer on short CPU stacks); apply reads params from the closure.
+  # per layer on short CPU stacks); apply reads params from the closure. A
+  # cache passed in per layer goes back per layer: a rollout splits it once.
   params, cache = _transformer.per_layer_form(params, cache)
   state = (jnp.int32(0), tok, gen, lps, slps, n, stopped, done, pending, tail, cache)
   _, _, gen, lps, slps, n, stopped, _, _, _, cache = jax.lax.while_loop(cond, body, state)
-  cache = _transformer.stacked_cache(cache)
+  if not split_in:
+    cache = _transformer.stacked_cache(cache)
   last = jnp.take_along_axis(gen, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
   eos = (n > 0) & _is_eos(last, sp)
   return GenerateOutput(tokens=gen, logprobs=lps, sampling_logprobs=slps, lengths=n,

@@ -233,27 +233,33 @@ def per_layer_form(params, cache: KVCache):
   ``cache.k`` / ``cache.v`` tuples of [B, K, Dh, S] / [B, K, S, Dh] arrays;
   :func:`hidden_states` then runs the layers one by one, writing and reading
   each buffer in place. Split once before the loop and stacked once after
-  it (:func:`stacked_cache`). Deeper stacks and other backends keep the stack
-  and the scan, so compile time does not grow with L. The values are the
-  same either way.
+  it (:func:`stacked_cache`); a caller that runs several loops in a row
+  (a rollout's turns) splits the cache once and passes it on as it is.
+  Deeper stacks and other backends keep the stack and the scan, so compile
+  time does not grow with L. The values are the same either way.
 
   Args:
-    params: ``Params`` or ``LoraParams`` with stacked layers.
-    cache: a stacked ``KVCache``.
+    params: ``Params`` or ``LoraParams``, stacked or already per layer.
+    cache: a ``KVCache``, stacked or already per layer.
 
   Returns:
-    ``(params, cache)``, unchanged or in per-layer form.
+    ``(params, cache)``, unchanged or in per-layer form (what is already
+    per layer stays as it is).
   """
-  num_layers = cache.k.shape[0]
-  if jax.default_backend() != "cpu" or num_layers > _PER_LAYER_MAX_LAYERS:
-    return params, cache
-  cache = KVCache(k=tuple(cache.k), v=tuple(cache.v), lengths=cache.lengths)
+  if isinstance(cache.k, tuple):
+    num_layers = len(cache.k)
+  else:
+    num_layers = cache.k.shape[0]
+    if jax.default_backend() != "cpu" or num_layers > _PER_LAYER_MAX_LAYERS:
+      return params, cache
+    cache = KVCache(k=tuple(cache.k), v=tuple(cache.v), lengths=cache.lengths)
+  split = lambda layers: (layers if isinstance(layers, tuple)  # noqa: E731
+                          else _layer_slices(layers, num_layers))
   if _lora.is_lora(params):
     if params.base is not None:
-      base = params.base.replace(layers=_layer_slices(params.base.layers, num_layers))
-      params = params.replace(base=base)
+      params = params.replace(base=params.base.replace(layers=split(params.base.layers)))
   else:
-    params = params.replace(layers=_layer_slices(params.layers, num_layers))
+    params = params.replace(layers=split(params.layers))
   return params, cache
 
 

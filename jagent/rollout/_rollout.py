@@ -255,7 +255,8 @@ class Program(NamedTuple):
   """The pieces of a rollout program (traced inside one jit; see :func:`make_rollout`).
 
   ``carry`` is a tuple whose every leaf has the batch B as its leading axis
-  (the KV cache's keys and values: axis 1), so a fork is one gather over it;
+  (the KV cache's stacked keys and values: axis 1; in per-layer form,
+  :func:`jagent.models.per_layer_form`, axis 0), so a fork is one gather over it;
   ``carry[4]`` is the per-episode bookkeeping dict (``done``, ...).
 
   Attributes:
@@ -495,6 +496,8 @@ def make_program(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
     w1 = first.shape[1]
     _, cache = _sampling.prefill(params, first, head, cache, config=model_config,
                                  chunk=config.prefill_chunk)
+    # Split once: every turn's generate then writes each layer's buffer in place.
+    _, cache = _transformer.per_layer_form(params, cache)
     tokens = _scatter_rows(bufs[0], jnp.zeros((b_size,), jnp.int32), first, head)
     bufs = (tokens,) + bufs[1:]
     first_last = jnp.take_along_axis(first, head[:, None], axis=1)  # [B, 1]

@@ -171,11 +171,14 @@ def check_tree(tree: TreeConfig, *, max_turns: int, group_size: int) -> None:
 def gather_rows(carry, index: jax.Array):
   """Every leaf of a rollout carry with its rows taken from ``index`` int32 [B].
 
-  Rows are the leading axis, except the KV cache's keys and values
-  ([L, B, ...]).
+  Rows are the leading axis, except the stacked KV cache's keys and values
+  ([L, B, ...]; per-layer buffers are [B, ...]).
   """
   def take(x):
     if isinstance(x, _transformer.KVCache):
+      if isinstance(x.k, tuple):
+        return x.replace(k=tuple(a[index] for a in x.k), v=tuple(a[index] for a in x.v),
+                         lengths=x.lengths[index])
       return x.replace(k=x.k[:, index], v=x.v[:, index], lengths=x.lengths[index])
     return x[index]
   return jax.tree.map(take, carry, is_leaf=lambda x: isinstance(x, _transformer.KVCache))

@@ -163,6 +163,9 @@ class SamplingTest(parameterized.TestCase):
     first = self._generate(GREEDY)
     obs = np.zeros((B, P), np.int32)  # 3 new tokens per row, right-padded
     obs[:, :3] = [5, 7, 9]
+    # Copied before the call below donates it.
+    _, per_layer = models.per_layer_form(self.params, jax.tree.map(jnp.copy, first.cache))
+    self.assertIsInstance(per_layer.k, tuple)
     second = models.generate(self.params, obs, np.full((B,), 3), jax.random.key(0),
                              first.cache, config=CFG, sampling=GREEDY)
     np.testing.assert_array_equal(second.cache.lengths, LENGTHS + 2 * N + 3)
@@ -175,6 +178,23 @@ class SamplingTest(parameterized.TestCase):
       for b in range(B):
         hist[b].append(int(logits[b, len(hist[b]) - 1].argmax()))
     np.testing.assert_array_equal(second.tokens, [h[-N:] for h in hist])
+    # A cache passed in per layer (as a rollout carries it) comes back per
+    # layer, with the same tokens, log-probs and contents.
+    split = models.generate(self.params, obs, np.full((B,), 3), jax.random.key(0),
+                            per_layer, config=CFG, sampling=GREEDY)
+    self.assertIsInstance(split.cache.k, tuple)
+    self.assertLen(split.cache.k, CFG.num_layers)
+    np.testing.assert_array_equal(split.tokens, second.tokens)
+    np.testing.assert_allclose(split.logprobs, second.logprobs, atol=1e-6)
+    back = models.stacked_cache(split.cache)
+    np.testing.assert_allclose(back.k, second.cache.k, atol=1e-6)
+    np.testing.assert_allclose(back.v, second.cache.v, atol=1e-6)
+    np.testing.assert_array_equal(back.lengths, second.cache.lengths)
+    # Splitting what is already split changes nothing.
+    again_params, again = models.per_layer_form(self.params, per_layer)
+    self.assertIs(again.k, per_layer.k)
+    self.assertIs(models.per_layer_form(again_params, per_layer)[0].layers,
+                  again_params.layers)
 
   def test_chunked_prefill_equals_one_forward(self):
     # Chunks of 4 and 5 tokens over prompts of 6, 2, 4 and 1 tokens (a row
