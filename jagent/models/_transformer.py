@@ -428,24 +428,29 @@ def _from_bits(bits, like, dtype):
   return jax.tree.map(one, bits, like)
 
 
-def _write_layer(cache: jax.Array, i, index, update: jax.Array) -> jax.Array:
-  """Writes ``update`` at ``index`` of layer ``i`` of a stacked cache; returns the cache.
+def _write_layer(cache: jax.Array, i, index, update: jax.Array):
+  """Writes ``update`` at ``index`` of layer ``i`` of a stacked cache.
 
   ``cache`` is ``[L, ...]``; ``index`` indexes one layer's ``[...]`` (advanced
   indices on non-adjacent axes come first: the updates are ``[B, T, K, Dh]``);
-  slots past the end are dropped. A float32 cache is written in place in the
-  stack. A 16-bit float cache is written in its layer, which then goes back
-  into the stack: XLA:CPU computes a bfloat16 scatter in float32, and on the
-  stack that was a float32 copy of the whole cache (two of them, 12.8 GiB
-  each, for Qwen2.5-3B's 36 layers in RAGEN's rollout: docs/scaling.md); on
-  one layer it is a layer's worth. The values are the same either way.
+  slots past the end are dropped. Returns ``(cache, layer)``.
+
+  A float32 cache is written in place in the stack, and ``layer`` is None:
+  the attention reads its key blocks from the stack (``cached_attention``'s
+  ``layer``). A 16-bit float cache is written in its layer, which then goes
+  back into the stack, and ``layer`` is that written layer, which the
+  attention reads: XLA:CPU computes bfloat16 slices and scatters in float32,
+  so a scatter into, or block reads from, the stack made float32 copies of
+  the whole cache (for Qwen2.5-3B's 36 layers in RAGEN's rollout, 12.8 GiB
+  each: docs/scaling.md); on one layer they cost a layer's worth. The values
+  are the same either way.
   """
   update = update.astype(cache.dtype)
   if not (jnp.issubdtype(cache.dtype, jnp.floating) and cache.dtype.itemsize == 2):
-    return cache.at[(i, *index)].set(update, mode="drop")
+    return cache.at[(i, *index)].set(update, mode="drop"), None
   layer = jax.lax.dynamic_index_in_dim(cache, i, keepdims=False)
   layer = layer.at[index].set(update, mode="drop")
-  return jax.lax.dynamic_update_index_in_dim(cache, layer, i, 0)
+  return jax.lax.dynamic_update_index_in_dim(cache, layer, i, 0), layer
 
 
 def _qkv_projection(h_btd, w: _BlockWeights, cos_btf, sin_btf, dtype, delta=None):
@@ -621,10 +626,13 @@ def hidden_states(
     x = _on_rows(x)
     w, la, i = xs
     (q, k, v), finish = block(x, _from_bits(w, stack, dt), la, layer_key(i))
-    k_cache = _write_layer(k_cache, i, k_at, k)
-    v_cache = _write_layer(v_cache, i, v_at, v)
-    o = _attention.cached_attention(q, k_cache, v_cache, slots, needed, dt, c.attention_impl,
-                                    layer=i)
+    k_cache, k_layer = _write_layer(k_cache, i, k_at, k)
+    v_cache, v_layer = _write_layer(v_cache, i, v_at, v)
+    if k_layer is None:
+      o = _attention.cached_attention(q, k_cache, v_cache, slots, needed, dt, c.attention_impl,
+                                      layer=i)
+    else:
+      o = _attention.cached_attention(q, k_layer, v_layer, slots, needed, dt, c.attention_impl)
     return (finish(o), k_cache, v_cache), None
 
   if per_layer or isinstance(cache.k, tuple):  # per-layer buffers: see per_layer_form

@@ -126,6 +126,22 @@ class TransformerTest(chex.TestCase):
     with self.assertRaisesRegex(ValueError, "per-layer params"):
       models.apply(split_params, tokens[:, :2], jnp.zeros((B, 2), jnp.int32), config=CFG)
 
+  def test_16bit_stacked_cache_decode_makes_no_float32_copy_of_the_cache(self):
+    # A deep (scanned) stack with a bfloat16 cache: XLA:CPU computes bfloat16
+    # slices and scatters in float32, so a decode step that scattered into or
+    # read blocks from the whole stack would hold float32 copies of it (it
+    # did: 4.3x the bound below). Its temporaries must stay under half a
+    # float32 copy of the keys.
+    deep = CFG.replace(num_layers=9, cache_dtype="bfloat16")
+    params = jax.eval_shape(lambda: models.init(deep, jax.random.key(0)))
+    s = 1024
+    cache = jax.eval_shape(lambda: models.init_cache(deep, 4, s))
+    tok = jax.ShapeDtypeStruct((4, 1), jnp.int32)
+    step = jax.jit(lambda p, t, c: models.apply(p, t, c.lengths[:, None], c, config=deep))
+    temp = step.lower(params, tok, cache).compile().memory_analysis().temp_size_in_bytes
+    f32_keys = 4 * np.prod(cache.k.shape)
+    self.assertLess(temp, f32_keys / 2)
+
   def test_ragged_rows_with_num_tokens(self):
     # Row b takes n_b tokens in the first call and the rest in a second one.
     n1 = np.array([3, 7, 5])
