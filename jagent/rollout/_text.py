@@ -36,6 +36,7 @@ on text the tokenizer would never produce.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import string
 from typing import Any, Callable, Sequence
@@ -45,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs_jax._src import environment as _environment
+from jagent._src import fingerprint as _fingerprint
 from jagent._src.errors import FieldError
 from jagent.tokenizers import _base as _tok_base
 
@@ -54,6 +56,13 @@ DYNAMIC_FIELDS = ("turn", "actions_left", "reward", "state")
 _INT_DIGITS = 3  # turn numbers and action budgets below 1000
 _REWARD_INT_DIGITS = 3
 _REWARD_FRAC_DIGITS = 2
+
+# The jitted draws of TextEnv._draw, keyed on everything they close over
+# (TextEnv._draw_key), least recently used dropped past 32: a process that
+# builds the same TextEnv again (an experiment per run of a sweep, per
+# evaluation, ...) reuses the compiled program instead of compiling another.
+_DRAWS: collections.OrderedDict = collections.OrderedDict()
+_MAX_DRAWS = 32
 
 THINK_HINT = ("Reply as <think> [your reasoning] </think> <answer> [your answer] </answer> "
               "and nothing else.")
@@ -145,6 +154,20 @@ class PromptConfig:
 def format_reward(x: float) -> str:
   """Host text of a reward: ``str(round(float32(x), 2))`` (the device rendering)."""
   return str(round(float(np.float32(x)), _REWARD_FRAC_DIGITS))
+
+
+def _cached_draw(key: tuple, build: Callable[[], Callable]) -> Callable:
+  """The draw cached under ``key``, or ``build()`` (not cached if ``key`` is unhashable)."""
+  try:
+    draw = _DRAWS.get(key)
+  except TypeError:  # e.g. an unhashable static field of a params pytree
+    return build()
+  if draw is None:
+    draw = _DRAWS[key] = build()
+    while len(_DRAWS) > _MAX_DRAWS:
+      _DRAWS.popitem(last=False)
+  _DRAWS.move_to_end(key)
+  return draw
 
 
 class _Part:
@@ -370,7 +393,10 @@ class TextEnv:
 
     States are ``env.text_sizing_state`` of ``num_states`` keys (a reset plus
     0-3 random actions in a discrete game); turn numbers (2-39), budgets (0-119), rewards (tenths in
-    [-15, 15)) and EOS flags are drawn on the host from ``seed``.
+    [-15, 15)) and EOS flags are drawn on the host from ``seed``. The program
+    is compiled once per process for equal pieces (:meth:`_draw_key`): a
+    TextEnv built again from the same environment settings, params,
+    tokenizer and prompt reuses it (the seed is an argument).
 
     Args:
       num_states: B, the number of states.
@@ -406,17 +432,31 @@ class TextEnv:
       nxt = self._next_render(wn, state, turn, left, reward, eos)
       return state, ids, first, nxt
 
-    @jax.jit
-    def draw(seed, turn, left, reward, eos):
-      keys = jax.random.split(jax.random.key(seed), num_states)
-      return jax.vmap(one)(keys, turn, left, reward, eos)
+    def build():
+      @jax.jit
+      def draw(seed, turn, left, reward, eos):
+        keys = jax.random.split(jax.random.key(seed), num_states)
+        return jax.vmap(one)(keys, turn, left, reward, eos)
+      return draw
 
+    draw = _cached_draw(self._draw_key(num_states, widths), build)
     states, ids, (first, first_n), (nxt, nxt_n) = draw(
         np.int32(seed), turn, left, reward, eos)
     out = dict(zip(("ids", "first", "first_n", "next", "next_n"),
                    map(np.asarray, (ids, first, first_n, nxt, nxt_n))))
     out.update(turn=turn, left=left, reward=reward, eos=eos, states=states)
     return out
+
+  def _draw_key(self, num_states: int, widths: tuple[int, int] | None) -> tuple:
+    """What :meth:`_draw`'s program reads: the environment and its params (by
+    content, :func:`jagent._src.fingerprint.fingerprint`), the token tables
+    and prompt pieces, the pad id, the batch and the buffer widths."""
+    parts = tuple(tuple(p.field if p.const is None else p.const.tobytes() for p in ps)
+                  for ps in (self._first_parts, self._next_parts))
+    return (_fingerprint.fingerprint(self.env), _fingerprint.fingerprint(self.env_params),
+            self._table.shape, self._table.tobytes(), self._table_len.tobytes(), parts,
+            tuple(t.tobytes() for t in self._lead), self.tokenizer.pad_id or 0,
+            int(num_states), widths)
 
   def _parts(self, prefix: str | None, template: str) -> list[_Part]:
     parts = []

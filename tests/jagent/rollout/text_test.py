@@ -130,5 +130,51 @@ class DeviceRenderingTest(parameterized.TestCase):
       rollout.Conversation(TOK, rollout.PromptConfig(chat_template="nope"), "x")
 
 
+class _CountedLake(envs_jax.FrozenLake):
+  """FrozenLake counting the traces of its text-sizing states (one per compiled draw)."""
+
+  traces = 0
+
+  def text_sizing_state(self, key, params):
+    type(self).traces += 1
+    return super().text_sizing_state(key, params)
+
+
+class DrawCacheTest(absltest.TestCase):
+  """A TextEnv built again from equal pieces reuses the compiled draw of the first."""
+
+  def test_equal_pieces_trace_once_and_each_piece_is_in_the_key(self):
+    prompt = rollout.PromptConfig.compact()
+
+    def build(env=None, params=None, **kw):
+      before = _CountedLake.traces
+      te = rollout.TextEnv(env or _CountedLake(num_candidates=3), TOK, kw.pop("prompt", prompt),
+                           env_params=params, verify_states=8, **kw)
+      return te, _CountedLake.traces - before
+
+    first, traced = build()
+    self.assertEqual(traced, 1)
+    # Another env object of the same settings, another seed: no new trace,
+    # and the same widths and the same verification (it raised nothing).
+    again, traced = build(verify_seed=5)
+    self.assertEqual(traced, 0)
+    self.assertEqual((again.first_width, again.next_width),
+                     (first.first_width, first.next_width))
+    for states, seed, want in ((8, 1, 1), (8, 2, 0), (16, 1, 1)):
+      before = _CountedLake.traces
+      (again if seed == 1 else first).verify(states, seed=seed)  # the batch is in the key
+      self.assertEqual(_CountedLake.traces - before, want, (states, seed))
+    # Each piece the program reads makes another program: an env attribute
+    # (candidate maps per reset), a param value, the prompt's text.
+    lake = _CountedLake(num_candidates=3)
+    slippery = lake.default_params.replace(success_rate=jnp.float32(0.9))
+    for name, kw in (("attribute", dict(env=_CountedLake(num_candidates=4))),
+                     ("params", dict(env=lake, params=slippery)),
+                     ("prompt", dict(prompt=rollout.PromptConfig.compact(system="Hi.")))):
+      with self.subTest(name):
+        self.assertEqual(build(**kw)[1], 1)
+        self.assertEqual(build(**kw)[1], 0)
+
+
 if __name__ == "__main__":
   absltest.main()
