@@ -151,9 +151,9 @@ class RunSpec:
     rollout: the train rollout's RolloutConfig (``config.rollout``).
     lora: the LoRA adapters' LoraConfig, or None when off.
     lora_base_dtype: the dtype the frozen LoRA base is stored in, or None.
-    filter: the run's one uncertainty filter (``config.rl.filter_*``).
-    objective: the objective run on the kept rows
-      (``jagent.train.iteration_filter`` of ``config.algorithm``'s).
+    filter: the run's one uncertainty filter (``config.rl.filter_*``, with
+      the objective's ``include_zero=False`` kept: ``jagent.train.iteration_filter``).
+    objective: ``config.algorithm``'s objective.
     num_keep: the groups an RL step trains on (the filter's count, or all).
     train: the RL stage's TrainConfig (``num_microbatches`` resolved from -1:
       one row per device of ``data x fsdp`` in each micro-batch).
@@ -288,10 +288,9 @@ class RunSpec:
     n_dev, rows_per_device = _validate_mesh(config, num_devices, num_keep)
     if micro == -1:  # one row per device (data x fsdp) in each micro-batch
       tc = tc.replace(num_microbatches=rows // config.rl.num_minibatches // rows_per_device)
-    # The run's one filter (rl.filter_*) replaces the objective's own; the
-    # objective kept is the one that runs on the compacted rows (its filter
-    # stage rebuilt so the filter applies once), as train.rl_iteration does.
-    fc, obj = train.iteration_filter(obj, fc)
+    # The run's one filter (rl.filter_*) replaces the objective's own, as
+    # train.rl_iteration resolves it.
+    fc = train.iteration_filter(obj, fc)
     return cls(config=config, num_devices=n_dev, model=model, prompt=prompt, rollout=r,
                lora=lora, lora_base_dtype=base_dtype, filter=fc, objective=obj,
                num_keep=num_keep, train=tc, sft_optimizer=sft)

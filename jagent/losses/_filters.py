@@ -130,10 +130,12 @@ def check_filter_args(mode: str, value: float) -> None:
 class FilterConfig:
   """The uncertainty filter of a rollout: one object, validated once.
 
-  An objective owns it (``transforms.starpo_s(filter_config=...)``, read back
-  as ``Objective.filter_config``); :func:`jagent.train.rl_iteration` reads it
-  to compact the kept groups, and the objective's filter stage applies it to
-  a batch. Hashable (a static argument of a jitted step).
+  An objective owns it as data (``transforms.starpo_s(filter_config=...)``,
+  read back as ``Objective.filter_config``); :func:`jagent.train.rl_iteration`
+  alone applies it, ranking and compacting the kept groups
+  (:func:`jagent.train.compact_groups`), and
+  :func:`jagent.transforms.filter_rollouts` applies it to a batch by hand.
+  Hashable (a static argument of a jitted step).
 
   Attributes:
     mode: one of :data:`FILTER_MODES` (see :func:`filter_groups`).
@@ -174,6 +176,9 @@ class FilterConfig:
 
 KEEP_ALL = FilterConfig(TOP_FRACTION, 1.0, True)
 """The filter that keeps every group (no uncertainty filtering)."""
+
+DROP_ZERO_STD = FilterConfig(TOP_FRACTION, 1.0, False)
+"""The filter that keeps every group with reward spread (DAPO's dynamic sampling)."""
 
 def filter_groups(
     scores_ng: ArrayLike,

@@ -5,14 +5,17 @@ uncertainty filter keeps a FIXED number of groups under ``top_fraction`` /
 ``top_k`` (``k = max(1, int(0.25 N))``), so the kept rows can be gathered into
 a smaller batch of static shape before the train step: the update then costs
 ``k / N`` of the masked version (where dropped rows still run through the
-model). :func:`compact_groups` does that; the objective's own filter stage
-then sees only kept groups. The filter is one
-:class:`jagent.losses.FilterConfig`, the objective's
-(``Objective.filter_config``) unless the iteration is given another.
+model). :func:`compact_groups` does that, and is the filter's one
+application: the objective's ``update`` then sees only the kept groups. The
+filter is one :class:`jagent.losses.FilterConfig`, the objective's
+(``Objective.filter_config``) unless the iteration is given another
+(:func:`iteration_filter`). A data-dependent filter (``top_p``, ``min_p``)
+compacts to all ``N`` groups and zeroes the loss mask of the groups it drops.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -61,41 +64,34 @@ def num_kept_groups(num_groups: int, filter_config: losses.FilterConfig) -> int:
 
 
 def iteration_filter(objective: transforms.Objective,
-                     filter_config: losses.FilterConfig | None = None
-                     ) -> tuple[losses.FilterConfig, transforms.Objective]:
-  """The filter an RL iteration compacts with, and the objective it then runs.
+                     filter_config: losses.FilterConfig | None = None) -> losses.FilterConfig:
+  """The one filter an RL iteration ranks and compacts with.
 
-  The filter is ``filter_config`` if given, else the objective's own
-  (``objective.filter_config``), else one that keeps every group
-  (``top_fraction`` 1.0).
-  An objective with a filter stage then gets that stage rebuilt for the
-  compacted batch, so the filter is applied once: a fixed-count filter
-  (``top_fraction`` / ``top_k``) already chose the kept groups and the stage
-  keeps them all; a data-dependent one (``top_p`` / ``min_p``, no rows
-  dropped) is re-applied as is, with zero-std groups left to the compaction
-  (whose ``include_zero`` already zeroed their loss mask).
+  ``filter_config`` if given (e.g. a run's ``config.rl.filter_*``), else the
+  objective's own (``objective.filter_config``), else one that keeps every
+  group (``top_fraction`` 1.0). An objective that never keeps zero-std groups
+  (``include_zero=False``: DAPO's dynamic sampling, a part of the algorithm)
+  keeps that under a given filter: for every mode, ranking and then dropping
+  the zero-std groups keeps what ``include_zero=False`` keeps.
 
   Args:
     objective: a :class:`jagent.transforms.Objective`.
-    filter_config: an explicit :class:`jagent.losses.FilterConfig` (e.g. from
-      an experiment's config), replacing the objective's; or None.
+    filter_config: an explicit :class:`jagent.losses.FilterConfig` replacing
+      the objective's, or None.
 
   Returns:
-    ``(filter_config, objective)``.
+    the :class:`jagent.losses.FilterConfig`.
 
   Raises:
     ValueError: ``filter_config`` not a FilterConfig.
   """
+  own = objective.filter_config
   if filter_config is None:
-    filter_config = objective.filter_config or _filters.KEEP_ALL
+    return own or _filters.KEEP_ALL
   _check_filter_config(filter_config)
-  if objective.filter_config is not None:
-    if filter_config.fixed_count:
-      stage = _filters.KEEP_ALL
-    else:
-      stage = losses.FilterConfig(filter_config.mode, filter_config.value, True)
-    objective = objective.with_filter(stage)
-  return filter_config, objective
+  if own is not None and not own.include_zero and filter_config.include_zero:
+    filter_config = dataclasses.replace(filter_config, include_zero=False)
+  return filter_config
 
 
 def compact_groups(traj: _trajectory.Trajectory, num_keep: int,
@@ -199,9 +195,10 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
       :func:`num_kept_groups`, or ``N`` to keep every group).
     filter_config: the uncertainty filter, a
       :class:`jagent.losses.FilterConfig`; None: the objective's own
-      (``objective.filter_config``), or keep every group when it has none.
-      It is applied once (:func:`iteration_filter`); a kept slot whose group
-      the filter drops trains nothing.
+      (``objective.filter_config``), or keep every group when it has none
+      (:func:`iteration_filter`). It is applied once, by
+      :func:`compact_groups`; a kept slot whose group the filter drops
+      trains nothing.
     rows_constraint: optional ``tree -> tree`` applied to the trajectory and
       to the kept rows before the update (identity by default);
       :func:`jagent.sharding.shard_rl_iteration` passes a sharding
@@ -222,8 +219,9 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
     ``rollout/env_turns`` (sums over the ``B`` rows; a tree's shared turns
     once, ``Trajectory.sampled_turns``),
     ``train/context_tokens`` (``num_keep x G x S``, padding included), the
-    filter's ``filter/*`` (:func:`compact_groups`; the objective's filter
-    stage's own, which describe the compacted rows, are left out) and everything
+    filter's ``filter/*`` (:func:`compact_groups`; those of a filter stage
+    in the objective's own chain, which describe the compacted rows, are left
+    out) and everything
     :func:`jagent.train.train_step` reports (``actor/entropy``,
     ``train/grad_norm``, ``loss/*``, ...). An iteration whose filter kept no
     group trains nothing (``train/updates_applied`` 0) and reports its
@@ -234,7 +232,7 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
       out of range, or what :func:`jagent.train.train_step` raises (rows not
       divisible, missing batch fields).
   """
-  filter_config, objective = iteration_filter(objective, filter_config)
+  filter_config = iteration_filter(objective, filter_config)
   on_rows = rows_constraint or (lambda tree: tree)
   traj = on_rows(rollout_fn(state.params, key))
   extra = {} if diagnostics is None else diagnostics(
@@ -248,7 +246,7 @@ def rl_iteration(state: _state.TrainState, key: jax.Array, *,
   metrics["rollout/env_turns"] = jnp.sum(f32(traj.sampled_turns()))  # a tree's prefixes once
   metrics["train/context_tokens"] = jnp.float32(np.prod(kept.tokens.shape))
   metrics.update(filter_metrics)
-  # The objective's rebuilt filter stage saw only the compacted rows: its
+  # A filter stage in a user's own chain saw only the compacted rows: its
   # filter/* would describe them (kept_ratio 1 on a step that kept nothing).
   metrics.update({k: v for k, v in train_metrics.items()
                   if k not in _stages.FILTER_STAGE_METRICS})

@@ -77,8 +77,8 @@ def _objective(stages, *, eps_low, eps_high, dual_clip, kl_coef, kl_estimator,
                turn_weighting="episode", groups=False):
   """The clipped-surrogate objective over ``stages``, its needs from its terms.
 
-  ``stages`` is a Transform, or with ``filter_config`` a function
-  ``filter_config -> Transform``. ``kl_in_reward``: a stage reads
+  ``stages`` is a Transform; ``filter_config`` the objective's rollout
+  filter (data, see :class:`Objective`). ``kl_in_reward``: a stage reads
   ``ref_logprobs`` (KL-in-reward) besides the loss's KL term. ``groups``:
   the advantage stage's baseline is the rollout's group.
   """
@@ -223,10 +223,12 @@ def dapo(*, eps: float = 1e-6, eps_low: float = 0.2, eps_high: float = 0.28,
          turn_weighting: str = "episode") -> Objective:
   """DAPO: clip-higher, token-mean, no KL, dynamic sampling as a mask.
 
-  Dynamic sampling (dropping groups whose rewards are all equal) becomes
-  ``filter_rollouts("min_p", 0.0, include_zero=False)``: static shapes, no
-  resampling; the kept ratio is reported. Overlong reward shaping is not
-  included (put it into ``rewards``).
+  Dynamic sampling (dropping groups whose rewards are all equal) becomes the
+  objective's filter, ``FilterConfig("top_fraction", 1.0,
+  include_zero=False)``: :func:`jagent.train.rl_iteration` masks those groups
+  (static shapes, no resampling) and reports the kept ratio; a run's own
+  filter keeps it (:func:`jagent.train.iteration_filter`). Overlong reward
+  shaping is not included (put it into ``rewards``).
 
   Args:
     eps: std floor of the group normalisation.
@@ -248,11 +250,9 @@ def dapo(*, eps: float = 1e-6, eps_low: float = 0.2, eps_high: float = 0.28,
   References:
     Yu et al. (https://arxiv.org/abs/2503.14476).
   """
-  stages = [_stages.compute_grpo(eps)]
-  if dynamic_sampling:
-    stages.insert(0, _stages.filter_rollouts("min_p", 0.0, include_zero=False))
   return _objective(
-      chain(*stages), eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
+      chain(_stages.compute_grpo(eps)),
+      filter_config=_filters.DROP_ZERO_STD if dynamic_sampling else None, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
       kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
       aggregation=aggregation,
       turn_weighting=turn_weighting, groups=True)
@@ -524,17 +524,17 @@ def starpo_s(*, advantage: str | Transform = "gae",
              turn_weighting: str = "episode") -> Objective:
   """StarPO-S: StarPO + uncertainty filtering, no KL, clip-higher, critic.
 
-  ``chain(filter_rollouts(filter_config), <advantage>)`` and the loss
-  ``ppo_clip_term(0.2, 0.28, 3) + entropy_term [+ value_term]``. The filter
-  (``Objective.filter_config``, which :func:`jagent.train.rl_iteration`
-  reads to compact the kept groups) ranks groups by the std of RAW
-  trajectory scores and keeps the top 25% (RAGEN-2:
-  ``FilterConfig("top_p", 0.9)``); ``batch.metrics["filter/any_kept"] == 0``
-  means skip the step. The format penalty is the rollout's (see
-  :func:`starpo`).
+  ``<advantage>`` and the loss ``ppo_clip_term(0.2, 0.28, 3) + entropy_term
+  [+ value_term]``, with the uncertainty filter as the objective's
+  ``filter_config``: :func:`jagent.train.rl_iteration` ranks groups by the
+  std of RAW trajectory scores, keeps the top 25% (RAGEN-2:
+  ``FilterConfig("top_p", 0.9)``) and compacts them before ``update``;
+  ``filter/any_kept == 0`` means the step trained nothing. The format
+  penalty is the rollout's (see :func:`starpo`).
 
   Example: plugging in a custom advantage (score minus a fixed baseline,
-  broadcast over each trajectory's trained tokens; no critic)::
+  broadcast over each trajectory's trained tokens; no critic), with the
+  filter chained as a stage to filter a batch by hand::
 
     >>> import jax, jax.numpy as jnp
     >>> from jagent import losses, transforms
@@ -548,7 +548,9 @@ def starpo_s(*, advantage: str | Transform = "gae",
     ...     loss_mask=jnp.ones((4, 2)),
     ...     rewards=jnp.array([[0., 1.], [0., 0.], [0., 1.], [0., 1.]]),
     ...     group_size=2)
-    >>> batch, state = jax.jit(obj.update)(batch, obj.init(batch))
+    >>> update = transforms.chain(transforms.filter_rollouts(obj.filter_config),
+    ...                           transforms.Transform(obj.init, obj.update))
+    >>> batch, state = jax.jit(update.update)(batch, update.init(batch))
     >>> batch.keep.tolist()  # group 1's rewards have std 0: filtered out
     [True, True, False, False]
     >>> batch.advantages[:2].tolist()
@@ -592,14 +594,8 @@ def starpo_s(*, advantage: str | Transform = "gae",
   if not isinstance(filter_config, _filters.FilterConfig):
     raise ValueError(f"starpo_s: filter_config must be a "
                      f"jagent.losses.FilterConfig; got {filter_config!r}.")
-  advantage_stage = _advantage_stage(advantage, advantage_kwargs)
-
-  def stages(f):
-    return chain(_stages.filter_rollouts(f.mode, f.value, f.include_zero),
-                 advantage_stage)
-
   return _objective(
-      stages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
+      chain(_advantage_stage(advantage, advantage_kwargs)), eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
       kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
       aggregation=aggregation, turn_weighting=turn_weighting,
       value_coef=value_coef, value_clip=value_clip,

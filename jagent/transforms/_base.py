@@ -117,7 +117,7 @@ class ObjectiveNeeds(NamedTuple):
 
 
 class Objective(NamedTuple):
-  """An RL algorithm: a batch transform plus a final loss.
+  """An RL algorithm: a batch transform, a final loss and its rollout filter.
 
   Typical train step::
 
@@ -129,86 +129,58 @@ class Objective(NamedTuple):
   where ``global_denominator`` is the sum of ``out.denominator`` over the
   micro-batches (it carries no gradient), so accumulation is exact.
 
+  The uncertainty filter is data (``filter_config``), not a stage of
+  ``update``: :func:`jagent.train.rl_iteration` ranks the rollout's groups
+  once, compacts the kept ones (:func:`jagent.train.compact_groups`) and
+  then runs ``update`` on them. To filter a batch outside an RL iteration,
+  chain :func:`jagent.transforms.filter_rollouts` before ``update``.
+
   Attributes:
     init: ``init(batch) -> state`` of the transform.
     update: ``update(batch, state) -> (batch, state)``; adds advantages,
-      returns, weights, the filter's keep mask and metrics.
+      returns, weights and metrics.
     loss: ``loss(outputs, batch) -> LossOutput``; pure, differentiable in
       ``outputs``.
     needs: the :class:`ObjectiveNeeds` it declares (what
       :func:`jagent.train.init_train_state` must provide).
     filter_config: its uncertainty filter (a
-      :class:`jagent.losses.FilterConfig`), or None; the rollout compaction
-      of :func:`jagent.train.rl_iteration` reads it.
-    refilter: ``refilter(filter_config) -> Objective``, the same objective
-      with its filter stage built from another config (None without a
-      filter); see :meth:`with_filter`.
+      :class:`jagent.losses.FilterConfig`; StarPO-S's top 25%, DAPO's
+      dynamic sampling), or None for none.
   """
   init: InitFn
   update: UpdateFn
   loss: LossFn
   needs: ObjectiveNeeds = ObjectiveNeeds()
   filter_config: _filters.FilterConfig | None = None
-  refilter: Callable[[_filters.FilterConfig], Objective] | None = None
-
-  def with_filter(self, filter_config: _filters.FilterConfig) -> Objective:
-    """The same objective with its filter stage built from ``filter_config``.
-
-    Raises:
-      ValueError: if the objective declares no filter, or ``filter_config``
-        is not a :class:`jagent.losses.FilterConfig`.
-    """
-    if self.refilter is None:
-      raise ValueError("with_filter: this objective declares no filter "
-                       "(Objective.filter_config is None).")
-    if not isinstance(filter_config, _filters.FilterConfig):
-      raise ValueError(f"filter_config must be a jagent.losses.FilterConfig; "
-                       f"got {filter_config!r}.")
-    return self.refilter(filter_config)
 
 
-def objective(transform: Transform | Callable[[_filters.FilterConfig],
-                                              Transform],
-              loss: LossFn, *, needs: ObjectiveNeeds = ObjectiveNeeds(),
+def objective(transform: Transform, loss: LossFn, *,
+              needs: ObjectiveNeeds = ObjectiveNeeds(),
               filter_config: _filters.FilterConfig | None = None) -> Objective:
-  """Bundles a batch transform and a final loss into an :class:`Objective`.
+  """Bundles a batch transform, a final loss and a rollout filter into an :class:`Objective`.
 
   Args:
-    transform: the batch :class:`Transform` (e.g. a :func:`chain`); with
-      ``filter_config``, a function ``filter_config -> Transform`` building
-      the stages around the filter (so the filter can be replaced, see
-      :meth:`Objective.with_filter`).
+    transform: the batch :class:`Transform` (e.g. a :func:`chain`).
     loss: a loss function, e.g. from :func:`make_loss`.
     needs: what the transform and loss read (:class:`ObjectiveNeeds`).
-    filter_config: the objective's uncertainty filter, or None.
+    filter_config: the objective's uncertainty filter (a
+      :class:`jagent.losses.FilterConfig`, applied by
+      :func:`jagent.train.rl_iteration`), or None.
 
   Returns:
     an :class:`Objective`.
 
   Raises:
-    ValueError: if ``transform`` is not a Transform (or, with
-      ``filter_config``, a function returning one), ``loss`` not callable,
+    ValueError: if ``transform`` is not a Transform, ``loss`` not callable,
       ``needs`` not an ObjectiveNeeds or ``filter_config`` not a FilterConfig.
   """
   if not callable(loss):
     raise ValueError(f"loss must be callable; got {loss!r}.")
   if not isinstance(needs, ObjectiveNeeds):
     raise ValueError(f"needs must be an ObjectiveNeeds; got {needs!r}.")
-  refilter = None
-  if filter_config is not None:
-    if not isinstance(filter_config, _filters.FilterConfig):
-      raise ValueError(f"filter_config must be a jagent.losses.FilterConfig; "
-                       f"got {filter_config!r}.")
-    if isinstance(transform, Transform) or not callable(transform):
-      raise ValueError(f"with a filter_config, transform must be a function "
-                       f"filter_config -> Transform; got {transform!r}.")
-    build = transform
-    transform = build(filter_config)
-
-    def refilter(f):
-      return objective(build, loss, needs=needs, filter_config=f)
-
+  if filter_config is not None and not isinstance(filter_config, _filters.FilterConfig):
+    raise ValueError(f"filter_config must be a jagent.losses.FilterConfig; "
+                     f"got {filter_config!r}.")
   if not isinstance(transform, Transform):
     raise ValueError(f"transform must be a Transform; got {transform!r}.")
-  return Objective(transform.init, transform.update, loss, needs,
-                   filter_config, refilter)
+  return Objective(transform.init, transform.update, loss, needs, filter_config)

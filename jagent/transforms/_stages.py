@@ -415,9 +415,13 @@ FILTER_STAGE_METRICS = ("filter/kept_ratio", "filter/any_kept", "filter/reward_s
                         "filter/kept_reward_std")
 
 
-def filter_rollouts(mode: str = "top_fraction", value: float = 0.25,
+def filter_rollouts(mode: str | losses.FilterConfig = "top_fraction", value: float = 0.25,
                     include_zero: bool = True) -> Transform:
   """Rollout filter stage: drops low-spread groups by masking their rows.
+
+  For a batch filtered by hand (e.g. before ``Objective.update`` outside
+  an RL iteration); :func:`jagent.train.rl_iteration` applies an
+  objective's filter itself and compacts the kept groups.
 
   Ranks groups by the in-group std of RAW trajectory scores
   (:func:`jagent.losses.filter_groups`; put this stage before any reward
@@ -430,7 +434,8 @@ def filter_rollouts(mode: str = "top_fraction", value: float = 0.25,
 
   Args:
     mode: ``top_fraction`` (StarPO-S, 0.25), ``top_k``, ``top_p`` (RAGEN-2,
-      0.9) or ``min_p``.
+      0.9) or ``min_p``; or a :class:`jagent.losses.FilterConfig` (e.g.
+      ``Objective.filter_config``), whose fields then replace all three.
     value: the mode's parameter.
     include_zero: whether zero-std groups may be kept.
 
@@ -440,6 +445,8 @@ def filter_rollouts(mode: str = "top_fraction", value: float = 0.25,
   Raises:
     ValueError: for a bad mode/value (at construction) or missing fields.
   """
+  if isinstance(mode, losses.FilterConfig):
+    mode, value, include_zero = mode.mode, mode.value, mode.include_zero
   _filters.check_filter_args(mode, value)
 
   def fn(batch):

@@ -96,35 +96,40 @@ class CompactTest(absltest.TestCase):
 
 
 class IterationFilterTest(absltest.TestCase):
-  """The filter is applied once: compaction, then the objective's stage keeps all."""
+  """One filter per iteration: the given one, else the objective's, else keep all."""
 
-  def test_objective_filter_by_default_stage_rebuilt(self):
+  def test_given_filter_replaces_the_objectives(self):
     fc = losses.FilterConfig
     obj = transforms.starpo_s()  # declares top_fraction 0.25
-    f, run = _rl.iteration_filter(obj)
-    self.assertEqual(f, obj.filter_config)
-    self.assertEqual(run.filter_config, fc("top_fraction", 1.0, True))
+    self.assertEqual(_rl.iteration_filter(obj), fc("top_fraction", 0.25, True))
     # An explicit filter replaces the objective's (experiments' rl.filter_*).
-    f, run = _rl.iteration_filter(obj, fc("top_k", 3, False))
-    self.assertEqual((f, run.filter_config), (fc("top_k", 3, False), fc("top_fraction", 1.0)))
-    # A data-dependent filter drops no rows, so the stage applies it again;
-    # zero-std groups are the compaction's to mask.
-    f, run = _rl.iteration_filter(obj, fc("top_p", 0.9, False))
-    self.assertEqual((f, run.filter_config), (fc("top_p", 0.9, False), fc("top_p", 0.9, True)))
-    self.assertEqual(run.needs, obj.needs)
-    # Idempotent: the objective it returns may be handed to an iteration again.
-    for given in (fc("top_k", 3, False), fc("top_p", 0.9, False)):
-      f, run = _rl.iteration_filter(obj, given)
-      self.assertEqual(_rl.iteration_filter(run, f)[1].filter_config, run.filter_config)
+    for given in (fc("top_k", 3, False), fc("top_p", 0.9, True), fc("min_p", 0.5, False)):
+      self.assertEqual(_rl.iteration_filter(obj, given), given)
+    with self.assertRaisesRegex(ValueError, "filter_config must be a jagent.losses.FilterConfig"):
+      _rl.iteration_filter(obj, ("top_k", 3))
 
   def test_objective_without_filter_keeps_all(self):
     obj = transforms.grpo()
-    f, run = _rl.iteration_filter(obj)
-    self.assertEqual(f, losses.FilterConfig("top_fraction", 1.0, True))
-    self.assertIs(run, obj)
-    f, run = _rl.iteration_filter(obj, losses.FilterConfig("top_fraction", 0.5))
-    self.assertEqual(f.value, 0.5)
-    self.assertIs(run, obj)
+    self.assertEqual(_rl.iteration_filter(obj), losses.FilterConfig("top_fraction", 1.0, True))
+    self.assertEqual(_rl.iteration_filter(obj, losses.FilterConfig("top_fraction", 0.5)).value,
+                     0.5)
+
+  def test_dapo_keeps_its_dynamic_sampling_under_a_given_filter(self):
+    fc = losses.FilterConfig
+    obj = transforms.dapo()
+    self.assertEqual(_rl.iteration_filter(obj), fc("top_fraction", 1.0, False))
+    self.assertEqual(_rl.iteration_filter(obj, fc("top_fraction", 0.5, True)),
+                     fc("top_fraction", 0.5, False))
+    self.assertEqual(_rl.iteration_filter(obj, fc("top_p", 0.9, True)), fc("top_p", 0.9, False))
+    # Ranking then dropping the zero-std groups (DAPO's stage after the
+    # compaction) keeps exactly what include_zero=False keeps, for every mode.
+    scores = np.array([[0., 1., 1., 0.], [1., 1., 1., 1.], [0., 0., 0., 1.],
+                       [0., 0., 0., 0.], [1., 0., 1., 0.]], np.float32)
+    for mode, value in (("top_fraction", 0.8), ("top_k", 4), ("top_p", 0.7), ("min_p", 0.0)):
+      then_drop = (np.asarray(losses.filter_groups(scores, mode, value, True).keep)
+                   & (np.std(scores, axis=1) > 0))
+      at_once = np.asarray(losses.filter_groups(scores, mode, value, False).keep)
+      np.testing.assert_array_equal(then_drop, at_once, err_msg=mode)
 
 
 

@@ -216,9 +216,14 @@ class AliasTest(parameterized.TestCase):
       rewards[1] = rewards[0]
       batch = batch.replace(rewards=np.float32(rewards))
 
+    # The objective's filter is data; applied here as a stage, as by hand.
+    update = transforms.Transform(obj.init, obj.update)
+    if obj.filter_config is not None:
+      update = transforms.chain(transforms.filter_rollouts(obj.filter_config), update)
+
     @jax.jit
     def run(batch, outputs):
-      prepared, _ = obj.update(batch, obj.init(batch))
+      prepared, _ = update.update(batch, update.init(batch))
       return obj.loss(outputs, prepared), prepared.metrics
 
     out, metrics = run(batch, _OUTPUTS)
@@ -249,9 +254,14 @@ class AliasTest(parameterized.TestCase):
     obj = transforms.starpo(advantage="grpo")
     batch = _batch()
 
+    # The objective's filter is data; applied here as a stage, as by hand.
+    update = transforms.Transform(obj.init, obj.update)
+    if obj.filter_config is not None:
+      update = transforms.chain(transforms.filter_rollouts(obj.filter_config), update)
+
     @jax.jit
     def run(batch, outputs):
-      prepared, _ = obj.update(batch, obj.init(batch))
+      prepared, _ = update.update(batch, update.init(batch))
       return obj.loss(outputs, prepared)
 
     out = run(batch, _OUTPUTS._replace(values=None))

@@ -77,15 +77,12 @@ class DeclaredNeedsTest(parameterized.TestCase):
     # The value loss is there iff a critic is declared.
     prepared, _ = obj.update(batch, obj.init(batch))
     self.assertEqual("loss/value" in obj.loss(_OUTPUTS, prepared).metrics, needs.critic)
-    # A group baseline is declared iff with one rollout a group no kept row has
-    # a nonzero advantage (the filter keeps every group here; DAPO's dynamic
-    # sampling still drops them all).
-    if obj.filter_config is not None:
-      obj = obj.with_filter(losses.FilterConfig("top_fraction", 1.0, include_zero=True))
+    # A group baseline is declared iff with one rollout a group no row has a
+    # nonzero advantage (``update`` filters nothing: the filter is data).
     single = batch.replace(group_size=1)
     got, _ = jax.jit(obj.update)(single, obj.init(single))  # one compile: faster than eager
-    keep = np.ones(4, bool) if got.keep is None else np.asarray(got.keep)
-    trained = np.asarray(got.advantages)[keep] * _MASK[keep]
+    self.assertIsNone(got.keep)
+    trained = np.asarray(got.advantages) * _MASK
     self.assertEqual(needs.groups, not np.any(trained != 0), "groups")
 
   def test_known_needs(self):
@@ -166,22 +163,25 @@ class RegistrationTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, "needs must be an ObjectiveNeeds"):
       transforms.objective(transforms.identity(), loss, needs=(True, False, False))
     with self.assertRaisesRegex(ValueError, "filter_config must be"):
-      transforms.objective(lambda f: transforms.identity(), loss, filter_config="top_k")
-    with self.assertRaisesRegex(ValueError, "function filter_config -> Transform"):
-      transforms.objective(transforms.identity(), loss,
+      transforms.objective(transforms.identity(), loss, filter_config="top_k")
+    with self.assertRaisesRegex(ValueError, "transform must be a Transform"):
+      transforms.objective(lambda f: transforms.identity(), loss,
                            filter_config=losses.FilterConfig())
-    with self.assertRaisesRegex(ValueError, "declares no filter"):
-      transforms.grpo().with_filter(losses.FilterConfig())
+    mine = losses.FilterConfig("top_k", 2, False)
+    self.assertEqual(transforms.objective(transforms.identity(), loss,
+                                          filter_config=mine).filter_config, mine)
 
-  def test_starpo_s_declares_its_filter(self):
+  def test_filters_are_data_of_starpo_s_and_dapo_only(self):
     obj = transforms.starpo_s()
     self.assertEqual(obj.filter_config, losses.FilterConfig("top_fraction", 0.25, True))
     mine = losses.FilterConfig("top_p", 0.9, False)
     self.assertEqual(transforms.starpo_s(filter_config=mine).filter_config, mine)
-    other = obj.with_filter(mine)
-    self.assertEqual((other.filter_config, other.needs), (mine, obj.needs))
+    # DAPO's dynamic sampling: every group with reward spread.
+    self.assertEqual(transforms.dapo().filter_config,
+                     losses.FilterConfig("top_fraction", 1.0, False))
+    self.assertIsNone(transforms.dapo(dynamic_sampling=False).filter_config)
     for name in transforms.registered():
-      if name != "starpo_s":
+      if name not in ("starpo_s", "dapo"):
         self.assertIsNone(transforms.make(name).filter_config, name)
 
 
