@@ -227,8 +227,8 @@ def sampler_only(params, model_config, text_env, config, s_max):
 
   @jax.jit
   def run(params, key):
-    # Split once, as the rollout does (models.per_layer_form).
-    _, cache = models.per_layer_form(params, models.init_cache(model_config, b, s_max))
+    # Split once, weights and cache, as the rollout does (models.per_layer_form).
+    params, cache = models.per_layer_form(params, models.init_cache(model_config, b, s_max))
     out = None
     for t in range(config.max_turns):
       width = text_env.first_width if t == 0 else text_env.next_width

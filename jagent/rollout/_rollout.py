@@ -496,18 +496,21 @@ def make_program(text_env: _text.TextEnv, model_config: _model_config.ModelConfi
     w1 = first.shape[1]
     _, cache = _sampling.prefill(params, first, head, cache, config=model_config,
                                  chunk=config.prefill_chunk)
-    # Split once: every turn's generate then writes each layer's buffer in place.
-    _, cache = _transformer.per_layer_form(params, cache)
+    # Split once (weights and cache): every turn's generate then reads each
+    # layer's weights and writes each layer's buffer in place, with no
+    # per-turn copies of slices.
+    turn_params, cache = _transformer.per_layer_form(params, cache)
     tokens = _scatter_rows(bufs[0], jnp.zeros((b_size,), jnp.int32), first, head)
     bufs = (tokens,) + bufs[1:]
     first_last = jnp.take_along_axis(first, head[:, None], axis=1)  # [B, 1]
     wn = max(text_env.next_width, 1)
     first_last = jnp.pad(first_last, ((0, 0), (0, wn - 1)), constant_values=pad_id)
     carry = (state, cache, bufs, turn_bufs, rows, k_env)
-    return carry, k_sample, (first_last, first_len)
+    return carry, k_sample, (first_last, first_len, turn_params)
 
   def turn(params, carry, t, k_sample, aux):
-    first_last, first_len = aux
+    del params  # the split form start returned, in aux
+    first_last, first_len, params = aux
     w1, wn = text_env.first_width, max(text_env.next_width, 1)
     state, _, _, _, rows, _ = carry
     left = config.max_actions_per_traj - rows["actions"]
