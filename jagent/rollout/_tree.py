@@ -176,10 +176,10 @@ def gather_rows(carry, index: jax.Array):
   """
   def take(x):
     if isinstance(x, _transformer.KVCache):
-      if isinstance(x.k, tuple):
-        return x.replace(k=tuple(a[index] for a in x.k), v=tuple(a[index] for a in x.v),
-                         lengths=x.lengths[index])
-      return x.replace(k=x.k[:, index], v=x.v[:, index], lengths=x.lengths[index])
+      per_layer = isinstance(x.k, tuple)
+      kv = lambda a: a[index] if per_layer else a[:, index]  # noqa: E731
+      return x.replace(k=jax.tree.map(kv, x.k), v=jax.tree.map(kv, x.v),
+                       lengths=x.lengths[index])
     return x[index]
   return jax.tree.map(take, carry, is_leaf=lambda x: isinstance(x, _transformer.KVCache))
 
