@@ -152,6 +152,7 @@ _SURFACES["jagent.transforms"] = [
     "truncate_importance_weights",
     "value_term",
     "whiten_advantages",
+    "with_filter_stage",
 ]
 
 _SURFACES["jagent.models"] = [

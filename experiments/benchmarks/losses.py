@@ -289,10 +289,9 @@ def bench_algorithm(name: str, steps: Steps, params, batch,
   config = steps.config
   obj = transforms.make(name)
   critic, entropy = obj.needs.critic, obj.needs.entropy  # declared by the alias
-  if obj.filter_config is not None:  # the filter is data: timed as a stage of the update
-    update = transforms.chain(transforms.filter_rollouts(obj.filter_config),
-                              transforms.Transform(obj.init, obj.update))
-    obj = obj._replace(init=update.init, update=update.update)
+  # The filter is data: timed as a stage of the update.
+  update = transforms.with_filter_stage(obj)
+  obj = obj._replace(init=update.init, update=update.update)
   obj_state = obj.init(batch)
   opt_state = steps.tx.init(params)
   outs = steps.outputs(critic, entropy)(params, batch.tokens)

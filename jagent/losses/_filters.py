@@ -180,6 +180,7 @@ KEEP_ALL = FilterConfig(TOP_FRACTION, 1.0, True)
 DROP_ZERO_STD = FilterConfig(TOP_FRACTION, 1.0, False)
 """The filter that keeps every group with reward spread (DAPO's dynamic sampling)."""
 
+
 def filter_groups(
     scores_ng: ArrayLike,
     mode: str = TOP_FRACTION,

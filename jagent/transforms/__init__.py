@@ -64,6 +64,7 @@ from jagent.transforms._stages import compute_reinforce_pp
 from jagent.transforms._stages import compute_reinforce_pp_baseline
 from jagent.transforms._stages import compute_rloo
 from jagent.transforms._stages import filter_rollouts
+from jagent.transforms._stages import with_filter_stage
 from jagent.transforms._stages import kl_reward_penalty
 from jagent.transforms._stages import KlControllerState
 from jagent.transforms._stages import normalize_rewards
@@ -129,4 +130,5 @@ __all__ = (
     "truncate_importance_weights",
     "value_term",
     "whiten_advantages",
+    "with_filter_stage",
 )

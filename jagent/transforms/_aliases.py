@@ -252,7 +252,8 @@ def dapo(*, eps: float = 1e-6, eps_low: float = 0.2, eps_high: float = 0.28,
   """
   return _objective(
       chain(_stages.compute_grpo(eps)),
-      filter_config=_filters.DROP_ZERO_STD if dynamic_sampling else None, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
+      filter_config=_filters.DROP_ZERO_STD if dynamic_sampling else None, eps_low=eps_low,
+      eps_high=eps_high, dual_clip=dual_clip,
       kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
       aggregation=aggregation,
       turn_weighting=turn_weighting, groups=True)
@@ -534,7 +535,8 @@ def starpo_s(*, advantage: str | Transform = "gae",
 
   Example: plugging in a custom advantage (score minus a fixed baseline,
   broadcast over each trajectory's trained tokens; no critic), with the
-  filter chained as a stage to filter a batch by hand::
+  filter as a stage to filter a batch by hand
+  (:func:`jagent.transforms.with_filter_stage`)::
 
     >>> import jax, jax.numpy as jnp
     >>> from jagent import losses, transforms
@@ -548,8 +550,7 @@ def starpo_s(*, advantage: str | Transform = "gae",
     ...     loss_mask=jnp.ones((4, 2)),
     ...     rewards=jnp.array([[0., 1.], [0., 0.], [0., 1.], [0., 1.]]),
     ...     group_size=2)
-    >>> update = transforms.chain(transforms.filter_rollouts(obj.filter_config),
-    ...                           transforms.Transform(obj.init, obj.update))
+    >>> update = transforms.with_filter_stage(obj)
     >>> batch, state = jax.jit(update.update)(batch, update.init(batch))
     >>> batch.keep.tolist()  # group 1's rewards have std 0: filtered out
     [True, True, False, False]
@@ -595,7 +596,8 @@ def starpo_s(*, advantage: str | Transform = "gae",
     raise ValueError(f"starpo_s: filter_config must be a "
                      f"jagent.losses.FilterConfig; got {filter_config!r}.")
   return _objective(
-      chain(_advantage_stage(advantage, advantage_kwargs)), eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip,
+      chain(_advantage_stage(advantage, advantage_kwargs)), eps_low=eps_low,
+      eps_high=eps_high, dual_clip=dual_clip,
       kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef,
       aggregation=aggregation, turn_weighting=turn_weighting,
       value_coef=value_coef, value_clip=value_clip,

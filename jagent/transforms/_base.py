@@ -133,7 +133,7 @@ class Objective(NamedTuple):
   ``update``: :func:`jagent.train.rl_iteration` ranks the rollout's groups
   once, compacts the kept ones (:func:`jagent.train.compact_groups`) and
   then runs ``update`` on them. To filter a batch outside an RL iteration,
-  chain :func:`jagent.transforms.filter_rollouts` before ``update``.
+  use :func:`jagent.transforms.with_filter_stage`.
 
   Attributes:
     init: ``init(batch) -> state`` of the transform.

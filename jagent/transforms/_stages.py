@@ -28,6 +28,8 @@ from jagent import losses
 from jagent._src.types import Array
 from jagent.losses import _checks
 from jagent.losses import _filters
+from jagent.transforms._base import chain
+from jagent.transforms._base import Objective
 from jagent.transforms._base import stateless
 from jagent.transforms._base import Transform
 from jagent.transforms._batch import add_metrics
@@ -470,6 +472,27 @@ def filter_rollouts(mode: str | losses.FilterConfig = "top_fraction", value: flo
         res.kept_std_mean))))
 
   return stateless(fn)
+
+
+def with_filter_stage(objective: Objective) -> Transform:
+  """``objective``'s batch transform with its filter in front, as a stage.
+
+  ``chain(filter_rollouts(objective.filter_config), <objective's transform>)``,
+  or the objective's transform alone when it has no filter. For running an
+  objective on a whole batch by hand, outside :func:`jagent.train.rl_iteration`
+  (which applies the filter itself, by compacting the kept groups).
+
+  Args:
+    objective: a :class:`Objective`.
+
+  Returns:
+    a :class:`Transform` whose ``update`` masks the groups the filter drops
+    (``keep``, ``filter/*`` metrics) and then runs ``objective.update``.
+  """
+  own = Transform(objective.init, objective.update)
+  if objective.filter_config is None:
+    return own
+  return chain(filter_rollouts(objective.filter_config), own)
 
 
 # -------------------------------------------------------------- reward shaping

@@ -217,9 +217,7 @@ class AliasTest(parameterized.TestCase):
       batch = batch.replace(rewards=np.float32(rewards))
 
     # The objective's filter is data; applied here as a stage, as by hand.
-    update = transforms.Transform(obj.init, obj.update)
-    if obj.filter_config is not None:
-      update = transforms.chain(transforms.filter_rollouts(obj.filter_config), update)
+    update = transforms.with_filter_stage(obj)
 
     @jax.jit
     def run(batch, outputs):
@@ -254,14 +252,9 @@ class AliasTest(parameterized.TestCase):
     obj = transforms.starpo(advantage="grpo")
     batch = _batch()
 
-    # The objective's filter is data; applied here as a stage, as by hand.
-    update = transforms.Transform(obj.init, obj.update)
-    if obj.filter_config is not None:
-      update = transforms.chain(transforms.filter_rollouts(obj.filter_config), update)
-
     @jax.jit
     def run(batch, outputs):
-      prepared, _ = update.update(batch, update.init(batch))
+      prepared, _ = obj.update(batch, obj.init(batch))
       return obj.loss(outputs, prepared)
 
     out = run(batch, _OUTPUTS._replace(values=None))

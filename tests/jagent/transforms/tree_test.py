@@ -162,8 +162,7 @@ class TreeStagesTest(absltest.TestCase):
         tree_nodes=jnp.concatenate([batch.tree_nodes, batch.tree_nodes + 16]),
         group_size=8, tree_size=4)
     obj = transforms.starpo_s(advantage="tree_step")
-    filtered = transforms.chain(transforms.filter_rollouts(obj.filter_config),
-                                transforms.Transform(obj.init, obj.update))
+    filtered = transforms.with_filter_stage(obj)
     kept, _ = filtered.update(two, filtered.init(two))
     np.testing.assert_array_equal(kept.keep, [True] * 8 + [False] * 8)
     self.assertEqual(float(jnp.abs(kept.advantages[8:]).sum()), 0.0)
