@@ -49,6 +49,9 @@ from experiments.configs import tiny
 from jagent import train
 
 
+TOKENS = "rollout/sampled_tokens"  # a step's sampled (loss-masked) reply tokens
+
+
 def _parse_value(text: str):
   try:
     return ast.literal_eval(text)
@@ -115,11 +118,14 @@ def seed_table(summaries: list[dict]) -> str:
   greedy success after RL and the gain RL - SFT (points), each mean ± std
   over the seeds; the gain of each seed; the in-group reward std of training
   rollouts (before the filter) averaged over the last 20% of RL steps, mean ±
-  std over seeds (0: collapsed, RAGEN's Echo Trap); and minutes of the sweep
-  (SFT counted only in the cell that ran it).
+  std over seeds (0: collapsed, RAGEN's Echo Trap); the RL stage's sampled
+  reply tokens in millions, mean ± std over seeds (the budget at which tree
+  and chain rollouts compare); and minutes of the sweep (SFT counted only in
+  the cell that ran it).
   """
   lines = ["| env | algorithm | seeds | SFT success | RL success | RL greedy | gain (points) "
-           "| gain per seed | reward std, last 20% | minutes |", "|" + "---|" * 10]
+           "| gain per seed | reward std, last 20% | sampled tokens (M) | minutes |",
+           "|" + "---|" * 11]
   for s in summaries:
     runs = s["runs"]
     sft = [r["sft"]["success"] for r in runs]
@@ -128,19 +134,23 @@ def seed_table(summaries: list[dict]) -> str:
     gains = [100 * (b - a) for a, b in zip(sft, rl)]
     stds = [tail_mean(r.get("curves", {}).get("filter/reward_std_before", [float("nan")]))
             for r in runs]
+    tokens = [float(np.nansum(r["curves"][TOKENS])) / 1e6 if TOKENS in r.get("curves", {})
+              else float("nan") for r in runs]
     lines.append(
         f"| {s['env']} | {s['algorithm']} | {len(runs)} | {_mean_std(sft)} | {_mean_std(rl)} | "
         f"{_mean_std(greedy)} | {_mean_std(gains, '+.1f', '.1f')} | "
         f"{', '.join(f'{g:+.1f}' for g in gains)} | {_mean_std(stds)} | "
-        f"{s['seconds']['total'] / 60:.1f} |")
+        f"{_mean_std(tokens, '.2f', '.2f')} | {s['seconds']['total'] / 60:.1f} |")
   return "\n".join(lines)
 
 
 def plot_comparison(summaries: list[dict], path: str) -> None:
-  """``comparison_<env>.png``: per-step training curves of one env's cells.
+  """``comparison_<env>.png``: the training curves of one env's cells.
 
   One line per algorithm (mean of the seeds' EMA curves), the seeds' range
-  shaded (``jagent.train.plot_seed_curves``).
+  shaded (``jagent.train.plot_seed_curves``), against the total of sampled
+  tokens when every cell's curves hold ``rollout/sampled_tokens``, else
+  against the step.
   """
   curves = {s["algorithm"]: {k: np.asarray([r["curves"][k] for r in s["runs"]], np.float64)
                              for k in s["runs"][0].get("curves", {})} for s in summaries}
@@ -156,9 +166,14 @@ def plot_comparison(summaries: list[dict], path: str) -> None:
             P("Valid reply format (share of turns)", "rollout/format_valid_frac",
               ylim=(0, 1.02)))
   seeds = len(summaries[0]["runs"])
+  # Against sampled tokens when every cell logged them: cells that sample
+  # differently per step (tree and chain rollouts) then line up at equal budgets.
+  by_tokens = all(TOKENS in c for c in curves.values())
   train.plot_seed_curves(curves, path, panels, title=(
       f"{summaries[0]['env']}, {seeds} seeds from one SFT start "
-      f"(seeds' mean of EMA {smoothing:g}; band: min-max)"))
+      f"(seeds' mean of EMA {smoothing:g}; band: min-max)"),
+      x_key=TOKENS if by_tokens else None,
+      x_label="sampled tokens (seeds' mean total)" if by_tokens else None)
 
 
 def _run_seeds(envs, algorithms, overrides, runs_dir, seeds) -> str:

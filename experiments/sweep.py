@@ -93,7 +93,7 @@ EVAL_KEYS = ("success", "score", "format_valid_frac")
 # comparison plots (training success, in-group reward std before and after
 # the filter, policy entropy, reply format).
 CURVE_KEYS = ("rollout/success", "rollout/format_valid_frac", "filter/reward_std_before",
-              "filter/reward_std_after", "actor/entropy")
+              "filter/reward_std_after", "actor/entropy", "rollout/sampled_tokens")
 
 
 def parse_sweep(spec: str | None, config) -> tuple[str | None, tuple[float, ...]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -390,7 +391,8 @@ def seed_band(values, smoothing: float) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 def plot_seed_curves(curves: Mapping[str, Mapping[str, Any]], path: str,
                      panels: Sequence[PlotPanel], *, ncols: int = 2,
-                     title: str | None = None) -> list[PlotPanel]:
+                     title: str | None = None, x_key: str | None = None,
+                     x_label: str | None = None) -> list[PlotPanel]:
   """Draws several labelled runs over seeds: one line per label, seeds shaded.
 
   For each panel (its first series' keys are the metric names looked up, the
@@ -407,39 +409,78 @@ def plot_seed_curves(curves: Mapping[str, Mapping[str, Any]], path: str,
       baseline as a number).
     ncols: panels per row.
     title: the figure's title, or None.
+    x_key: None (the x axis is the step), or a per-step metric every label
+      has, e.g. ``"rollout/sampled_tokens"``: the x axis is then its running
+      total (the mean over seeds of each seed's running sum), so that runs
+      that cost differently per step compare at equal budgets (Tree-GRPO's
+      equal-token comparison, arXiv:2509.21240).
+    x_label: the x axis's label (default ``"step"``, or ``"<x_key>, total"``).
 
   Returns:
     the panels drawn.
 
   Raises:
     ImportError: matplotlib is not installed.
-    ValueError: no panel's key is in ``curves``, or a curve that is not 2-D.
+    ValueError: no panel's key is in ``curves``, a curve that is not 2-D, or
+      a label without ``x_key``.
   """
-  return _draw_figure(_seed_layout(curves, panels), _draw_seed_panel, path, ncols=ncols,
-                      title=title, source="curves")
+  layout = _seed_layout(curves, panels, x_key)
+  x_label = x_label or ("step" if x_key is None else f"{x_key}, total")
+  return _draw_figure(layout, functools.partial(_draw_seed_panel, x_label=x_label), path,
+                      ncols=ncols, title=title, source="curves")
 
 
-def _seed_layout(curves, panels):
-  """``[(panel, [(label, (mean, low, high)), ...]), ...]`` of the panels some label has."""
+def _cumulative_x(values) -> np.ndarray:
+  """The seeds' mean running total of a per-step metric: an x axis per step.
+
+  Args:
+    values: float ``[S, T]``: S seeds' values at steps ``1 .. T``, e.g. each
+      step's sampled tokens (non-finite values count as 0).
+
+  Returns:
+    float64 ``[T]``: at step t, the mean over seeds of the sum of steps 1..t.
+
+  Raises:
+    ValueError: ``values`` not 2-D.
+  """
+  x = np.asarray(values, np.float64)
+  if x.ndim != 2:
+    raise ValueError(f"values: shape {x.shape}, expected [seeds, steps]")
+  return np.cumsum(np.where(np.isfinite(x), x, 0.0), axis=1).mean(0)
+
+
+def _seed_layout(curves, panels, x_key=None):
+  """``[(panel, [(label, x, (mean, low, high)), ...]), ...]`` of the panels some label has.
+
+  ``x`` [T] is the steps ``1 .. T``, or the running total of ``x_key``.
+  """
   out = []
   for panel in panels:
     lines = []
     for label, metrics in curves.items():
       key = next((k for k in panel.series[0].keys if k in metrics), None)
       if key is not None:
-        lines.append((label, seed_band(metrics[key], panel.smoothing)))
+        band = seed_band(metrics[key], panel.smoothing)
+        if x_key is None:
+          x = np.arange(1, band[0].size + 1, dtype=np.float64)
+        elif x_key not in metrics:
+          raise ValueError(f"x_key={x_key!r}: label {label!r} has no such curve "
+                           f"(it has {sorted(metrics)})")
+        else:
+          x = _cumulative_x(metrics[x_key])
+        lines.append((label, x, band))
     if lines:
       out.append((panel, lines))
   return out
 
 
-def _draw_seed_panel(ax, panel, lines):
+def _draw_seed_panel(ax, panel, lines, x_label="step"):
   """Draws one panel of :func:`plot_seed_curves` onto ``ax``."""
-  for i, (label, (mean, low, high)) in enumerate(lines):
-    steps = np.arange(1, mean.size + 1)
-    ax.fill_between(steps, low, high, color=f"C{i % 10}", alpha=0.2, linewidth=0)
-    ax.plot(steps, mean, color=f"C{i % 10}", linewidth=1.6, label=label)
+  for i, (label, x, (mean, low, high)) in enumerate(lines):
+    ax.fill_between(x, low, high, color=f"C{i % 10}", alpha=0.2, linewidth=0)
+    ax.plot(x, mean, color=f"C{i % 10}", linewidth=1.6, label=label)
   _decorate(ax, panel, panel.baseline if isinstance(panel.baseline, (int, float)) else None)
+  ax.set_xlabel(x_label, fontsize=8)
   if panel.ylim is not None:
     ax.set_ylim(*panel.ylim)
   if panel.xlim is not None:

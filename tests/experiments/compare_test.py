@@ -2,6 +2,7 @@
 
 import os
 import tempfile
+from unittest import mock
 
 from absl import flags
 from absl.testing import absltest
@@ -61,12 +62,15 @@ class CompareTest(absltest.TestCase):
     self.assertTrue(np.isnan(compare.tail_mean([1.0, float("nan")], 0.5)))
 
 
-def _seed_summary(algorithm, sft, rl, stds):
-  """A sweep summary of len(sft) seeds whose reward std curves are ``stds``."""
+def _seed_summary(algorithm, sft, rl, stds, tokens=None):
+  """A sweep summary of len(sft) seeds whose reward std curves are ``stds``
+  (and sampled-token curves ``tokens``, if given)."""
   runs = [{"seed": i, "sft": {"success": a}, "rl": {"success": b, "greedy_success": b},
            "curves": {"rollout/success": [a, b] * 5, "filter/reward_std_before": c,
                       "actor/entropy": [0.5] * 10, "rollout/format_valid_frac": [1.0] * 10}}
           for i, (a, b, c) in enumerate(zip(sft, rl, stds))]
+  for run, t in zip(runs, tokens or ()):
+    run["curves"]["rollout/sampled_tokens"] = t
   return {"env": "Bandit-v0", "algorithm": algorithm, "runs": runs,
           "seconds": {"total": 120.0}}
 
@@ -75,18 +79,21 @@ class SeedGridTest(absltest.TestCase):
 
   def test_seed_table_by_hand(self):
     summaries = [
-        _seed_summary("starpo_s", [0.5, 0.5, 0.25], [0.75, 0.5, 0.5], [[1.0] * 10] * 3),
+        _seed_summary("starpo_s", [0.5, 0.5, 0.25], [0.75, 0.5, 0.5], [[1.0] * 10] * 3,
+                      tokens=[[1000.0] * 10, [2000.0] * 10, [3000.0] * 9 + [float("nan")]]),
         _seed_summary("grpo", [0.5, 0.5, 0.25], [0.0, 0.0, 0.0], [[1.0] * 8 + [0.0] * 2] * 3)]
     lines = compare.seed_table(summaries).splitlines()
     self.assertLen(lines, 4)
-    # SFT mean 0.417, std 0.144; RL mean 0.583, std 0.144; gains +25, 0, +25.
+    # SFT mean 0.417, std 0.144; RL mean 0.583, std 0.144; gains +25, 0, +25;
+    # sampled tokens 0.010, 0.020 and 0.027 M (a NaN step counts none).
     self.assertEqual(lines[2], "| Bandit-v0 | starpo_s | 3 | 0.417 ± 0.144 | 0.583 ± 0.144 | "
                      "0.583 ± 0.144 | +16.7 ± 14.4 | +25.0, +0.0, +25.0 | 1.000 ± 0.000 | "
-                     "2.0 |")
+                     "0.02 ± 0.01 | 2.0 |")
     # The last 20% of grpo's steps had no reward spread: the Echo Trap's sign.
+    # No sampled-token curves (a summary from before they were kept): NaN.
     self.assertEqual(lines[3], "| Bandit-v0 | grpo | 3 | 0.417 ± 0.144 | 0.000 ± 0.000 | "
                      "0.000 ± 0.000 | -41.7 ± 14.4 | -50.0, -50.0, -25.0 | 0.000 ± 0.000 | "
-                     "2.0 |")
+                     "nan ± nan | 2.0 |")
 
   def test_plot_comparison_writes_a_png(self):
     tmp = self.enterContext(tempfile.TemporaryDirectory())
@@ -96,6 +103,23 @@ class SeedGridTest(absltest.TestCase):
          for a in ("starpo_s", "ppo")], png)
     with open(png, "rb") as fh:
       self.assertEqual(fh.read(8), b"\x89PNG\r\n\x1a\n")
+
+  def test_plot_comparison_is_against_sampled_tokens_when_every_cell_has_them(self):
+    tmp = self.enterContext(tempfile.TemporaryDirectory())
+    png = os.path.join(tmp, "comparison.png")
+    chain = _seed_summary("starpo_s", [0.5, 0.25], [0.75, 0.5], [[1.0] * 10] * 2,
+                          tokens=[[100.0] * 10] * 2)
+    tree = _seed_summary("tree_grpo", [0.5, 0.25], [0.75, 0.5], [[1.0] * 10] * 2,
+                         tokens=[[50.0] * 10] * 2)
+    with mock.patch.object(compare.train, "plot_seed_curves") as plot:
+      compare.plot_comparison([chain, tree], png)
+      self.assertEqual(plot.call_args.kwargs["x_key"], "rollout/sampled_tokens")
+      compare.plot_comparison([chain, _seed_summary("ppo", [0.5], [0.5], [[1.0] * 10])], png)
+      self.assertIsNone(plot.call_args.kwargs["x_key"])
+    compare.plot_comparison([chain, tree], png)
+    with open(png, "rb") as fh:
+      self.assertEqual(fh.read(8), b"\x89PNG\r\n\x1a\n")
+
 
 class EntryPointsTest(absltest.TestCase):
 

@@ -314,7 +314,7 @@ class SeedCurvesTest(absltest.TestCase):
       self.assertEqual(fh.read(8), b"\x89PNG\r\n\x1a\n")
     self.assertEqual([p.title for p in drawn], ["Success", "Entropy"])
     layout = _metrics._seed_layout(curves, panels)
-    self.assertEqual([[label for label, _ in lines] for _, lines in layout],
+    self.assertEqual([[label for label, _, _ in lines] for _, lines in layout],
                      [["starpo_s", "grpo"], ["starpo_s"]])
     ax = Figure().add_subplot(1, 1, 1)
     _metrics._draw_seed_panel(ax, *layout[0])
@@ -328,6 +328,30 @@ class SeedCurvesTest(absltest.TestCase):
                      ["starpo_s", "grpo", "SFT 0.25"])
     with self.assertRaisesRegex(ValueError, "none of the panels"):
       train.plot_seed_curves(curves, png, [train.PlotPanel("X", "x")])
+
+  def test_plot_against_a_running_total(self):
+    # Equal-budget comparisons: x is the seeds' mean running total of a
+    # per-step metric (here sampled tokens), not the step.
+    from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+    curves = {"chain": {"rollout/success": [[0.1, 0.2], [0.3, 0.4]],
+                        "rollout/sampled_tokens": [[10.0, 20.0], [30.0, np.nan]]},
+              "tree": {"rollout/success": [[0.5, 0.5, 0.5]],
+                       "rollout/sampled_tokens": [[5.0, 5.0, 6.0]]}}
+    panels = [train.PlotPanel("Success", "rollout/success", smoothing=0.0)]
+    layout = _metrics._seed_layout(curves, panels, "rollout/sampled_tokens")
+    (_, lines), = layout
+    # chain: seeds' totals [10, 30] and [30, 30] (NaN counts 0): mean [20, 30].
+    np.testing.assert_allclose(lines[0][1], [20.0, 30.0])
+    np.testing.assert_allclose(lines[1][1], [5.0, 10.0, 16.0])
+    ax = Figure().add_subplot(1, 1, 1)
+    _metrics._draw_seed_panel(ax, *layout[0], x_label="sampled tokens")
+    np.testing.assert_allclose(ax.lines[0].get_xdata(), [20.0, 30.0])
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), [0.2, 0.3])
+    self.assertEqual(ax.get_xlabel(), "sampled tokens")
+    png = os.path.join(self.enterContext(tempfile.TemporaryDirectory()), "tokens.png")
+    train.plot_seed_curves(curves, png, panels, x_key="rollout/sampled_tokens")
+    with self.assertRaisesRegex(ValueError, r"x_key='rollout/x': label 'chain' has no such"):
+      train.plot_seed_curves(curves, png, panels, x_key="rollout/x")
 
 
 if __name__ == "__main__":
