@@ -91,7 +91,8 @@ SWEEPABLE = stages.SWEEPABLE
 EVAL_KEYS = ("success", "score", "format_valid_frac")
 # RL metrics kept per step of each run (the summary's "curves"): what a
 # comparison plots (training success, in-group reward std before and after
-# the filter, policy entropy, reply format).
+# the filter, policy entropy, reply format) and its x axis at equal budgets
+# (sampled tokens).
 CURVE_KEYS = ("rollout/success", "rollout/format_valid_frac", "filter/reward_std_before",
               "filter/reward_std_after", "actor/entropy", "rollout/sampled_tokens")
 
