@@ -356,6 +356,14 @@ def _draw_figure(layout, draw_panel, path: str, *, ncols: int, title: str | None
   return [panel for panel, _ in layout]
 
 
+def _seeds_by_steps(values) -> np.ndarray:
+  """``values`` as float64 ``[seeds, steps]``; ValueError naming the shape if not 2-D."""
+  x = np.asarray(values, np.float64)
+  if x.ndim != 2:
+    raise ValueError(f"values: shape {x.shape}, expected [seeds, steps]")
+  return x
+
+
 def seed_band(values, smoothing: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Mean, lowest and highest of several seeds' smoothed curves, per step.
 
@@ -376,9 +384,7 @@ def seed_band(values, smoothing: float) -> tuple[np.ndarray, np.ndarray, np.ndar
   Raises:
     ValueError: ``values`` not 2-D, or a bad ``smoothing``.
   """
-  x = np.asarray(values, np.float64)
-  if x.ndim != 2:
-    raise ValueError(f"values: shape {x.shape}, expected [seeds, steps]")
+  x = _seeds_by_steps(values)
   steps = np.arange(1, x.shape[1] + 1, dtype=np.float64)
   rows = []
   for row in x:
@@ -443,9 +449,7 @@ def _cumulative_x(values) -> np.ndarray:
   Raises:
     ValueError: ``values`` not 2-D.
   """
-  x = np.asarray(values, np.float64)
-  if x.ndim != 2:
-    raise ValueError(f"values: shape {x.shape}, expected [seeds, steps]")
+  x = _seeds_by_steps(values)
   return np.cumsum(np.where(np.isfinite(x), x, 0.0), axis=1).mean(0)
 
 
@@ -454,6 +458,12 @@ def _seed_layout(curves, panels, x_key=None):
 
   ``x`` [T] is the steps ``1 .. T``, or the running total of ``x_key``.
   """
+  xs = {}  # label -> its x axis, once for every panel (None: the steps)
+  for label, metrics in curves.items():
+    if x_key is not None and x_key not in metrics:
+      raise ValueError(f"x_key={x_key!r}: label {label!r} has no such curve "
+                       f"(it has {sorted(metrics)})")
+    xs[label] = None if x_key is None else _cumulative_x(metrics[x_key])
   out = []
   for panel in panels:
     lines = []
@@ -461,13 +471,8 @@ def _seed_layout(curves, panels, x_key=None):
       key = next((k for k in panel.series[0].keys if k in metrics), None)
       if key is not None:
         band = seed_band(metrics[key], panel.smoothing)
-        if x_key is None:
-          x = np.arange(1, band[0].size + 1, dtype=np.float64)
-        elif x_key not in metrics:
-          raise ValueError(f"x_key={x_key!r}: label {label!r} has no such curve "
-                           f"(it has {sorted(metrics)})")
-        else:
-          x = _cumulative_x(metrics[x_key])
+        x = xs[label] if xs[label] is not None else np.arange(
+            1, band[0].size + 1, dtype=np.float64)
         lines.append((label, x, band))
     if lines:
       out.append((panel, lines))

@@ -64,13 +64,13 @@ from jagent.transforms._stages import compute_reinforce_pp
 from jagent.transforms._stages import compute_reinforce_pp_baseline
 from jagent.transforms._stages import compute_rloo
 from jagent.transforms._stages import filter_rollouts
-from jagent.transforms._stages import with_filter_stage
 from jagent.transforms._stages import kl_reward_penalty
 from jagent.transforms._stages import KlControllerState
 from jagent.transforms._stages import normalize_rewards
 from jagent.transforms._stages import penalize_format
 from jagent.transforms._stages import truncate_importance_weights
 from jagent.transforms._stages import whiten_advantages
+from jagent.transforms._stages import with_filter_stage
 from jagent.transforms._tree import compute_tree_grpo
 from jagent.transforms._tree import compute_tree_step
 
