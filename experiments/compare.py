@@ -18,8 +18,9 @@ evaluation temperature, greedy success after RL, the RL gain, and minutes.
 With ``--seeds=N`` (N >= 2) each cell is N seeds as one vmapped
 :func:`experiments.sweep.sweep` (``<runs_dir>/<env>_<algorithm>/sweep_summary.json``),
 and every algorithm of an env starts RL from the same SFT parameters per seed
-(SFT reads no algorithm field: the env's first cell runs it, the others reuse
-it). The table gives mean +- std over the seeds and the in-group reward std
+(SFT reads no algorithm field: the env's first cell to run writes them to
+``<runs_dir>/<env>_sft/``, :mod:`experiments.sft_store`, and every later cell,
+in this process or a later one, reads them back). The table gives mean +- std over the seeds and the in-group reward std
 of the last 20% of RL steps, and ``<runs_dir>/comparison_<env>.png`` draws
 training success, in-group reward std, policy entropy and reply format per
 step: one line per algorithm (the mean of the seeds' EMA curves), the seeds'
@@ -187,7 +188,7 @@ def _run_seeds(envs, algorithms, overrides, runs_dir, seeds) -> str:
       sweep.run_configs(configs[env, algorithm], seeds)
   rows = []
   for env in envs:
-    env_rows, sft_params = [], None
+    env_rows = []
     for algorithm in algorithms:
       config = configs[env, algorithm]
       workdir = os.path.join(runs_dir, f"{env}_{algorithm}")
@@ -196,9 +197,9 @@ def _run_seeds(envs, algorithms, overrides, runs_dir, seeds) -> str:
         with open(done) as f:
           summary = json.load(f)
       else:
-        summary = sweep.sweep(config, workdir, seeds=seeds, sft_params=sft_params, progress=True)
-        sft_params = summary.pop("sft_params")
-        for k in ("params", "frozen"):
+        summary = sweep.sweep(config, workdir, seeds=seeds, progress=True,
+                              sft_dir=os.path.join(runs_dir, f"{env}_sft"))
+        for k in ("sft_params", "params", "frozen"):
           summary.pop(k)
       env_rows.append(summary)
       print(seed_table(env_rows[-1:]).splitlines()[-1], flush=True)

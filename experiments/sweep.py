@@ -15,7 +15,10 @@ vmapped over a leading run axis of the TrainState and of the keys
 ``jax.jit(jax.vmap(train))(keys)``, https://github.com/luchris429/purejaxrl):
 
 1. SFT: ``sft.steps`` :func:`jagent.train.sft_step` updates (``lax.scan``) on
-   each run's own demonstrations and minibatch draws.
+   each run's own demonstrations and minibatch draws. With ``--sft_dir`` the
+   parameters after SFT are written there, and a later sweep whose runs
+   have the same SFT fields (another algorithm, other RL fields) reads them
+   back instead of running SFT (:mod:`experiments.sft_store`).
 2. RL: ``rl.steps`` :func:`jagent.train.rl_iteration` iterations (rollout ->
    filter -> advantages -> updates) with each run's rollout keys, ``lax.scan``
    over ``--chunk_steps`` keys a call (default ``eval.every``, else a tenth
@@ -78,6 +81,7 @@ from experiments import common
 from experiments import experiment
 from experiments import fields
 from experiments import programs
+from experiments import sft_store
 from experiments import spec
 from experiments import stages
 import jagent
@@ -350,7 +354,8 @@ def mean_std(xs) -> dict:
 
 def sweep(config, workdir: str | None = None, *, seeds: int = 1,
           sweep_spec: str | None = None, batching: str = "vmap", sft_params=None,
-          chunk: int | None = None, progress: bool = False, warn_after: int = 10) -> dict:
+          sft_dir: str | None = None, chunk: int | None = None, progress: bool = False,
+          warn_after: int = 10) -> dict:
   """Runs the sweep (see the module docstring); returns the summary.
 
   Args:
@@ -365,6 +370,10 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
       reads no RL or algorithm field, so sweeps of several algorithms can
       share one SFT stage (:mod:`experiments.compare`). LoRA adapters
       without their base (a shared-base sweep's) get it loaded once.
+    sft_dir: a directory for the runs' parameters after SFT
+      (:mod:`experiments.sft_store`): when it holds those of runs with the
+      same SFT fields, RL starts from them; when it holds none, SFT runs and
+      writes them there. Ignored when ``sft_params`` is given.
     chunk: RL steps per call of the RL program (:func:`chunk_steps`; None
       or 0: ``eval.every``, else a tenth of ``rl.steps``). The results do
       not depend on it.
@@ -386,8 +395,10 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
 
   Raises:
     ValueError: a bad ``seeds``, ``sweep_spec``, ``batching``, config or
-      ``sft_params`` (leading axis not the number of runs), before anything
-      compiles.
+      ``sft_params`` (leading axis not the number of runs), or an
+      ``sft_dir`` that holds the SFT parameters of other runs, before
+      anything compiles.
+    CheckpointError: the parameters in ``sft_dir`` do not read back.
   """
   t_start = time.perf_counter()
   chunk = chunk_steps(config, chunk)
@@ -413,6 +424,13 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   # ---- SFT.
   t0 = time.perf_counter()
   frozen = []  # the runs' one shared copy of their LoRA bases ([]: none shared)
+  initial = []
+  if sft_params is None and sft_dir:
+    def target():
+      initial.extend(_initial_params(exps))
+      return stages.stack_sharing_bases(initial)[0]
+    sft_params = sft_store.load(sft_dir, [e.config for e in exps], target)
+    sft_dir = None if sft_params is not None else sft_dir  # None: nothing to write
   if sft_params is not None:
     params = sft_params
     # An earlier shared-base sweep's adapters (no base): load their base once.
@@ -420,7 +438,7 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
     if any(x.base is None for x in jax.tree.leaves(params, is_leaf=lora) if lora(x)):
       frozen = models.split_frozen(exp.init_params())[1]
   else:
-    initial = _initial_params(exps)
+    initial = initial or _initial_params(exps)
     if c.sft.steps:
       demos = [e.demonstrations() for e in exps]
       batches = [train.trajectory_batch(d) for d in demos]
@@ -435,6 +453,8 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
     else:
       params, frozen = stages.stack_sharing_bases(initial)
   params = sft_params = jax.block_until_ready(params)
+  if sft_dir:
+    sft_store.save(sft_dir, [e.config for e in exps], params)
   seconds["sft"] = time.perf_counter() - t0
 
   t0 = time.perf_counter()
@@ -554,6 +574,9 @@ def _define_flags():
   flags.DEFINE_integer("chunk_steps", 0, "RL steps per program call, a progress line after "
                        "each (0: eval.every, else a tenth of rl.steps); results do not depend "
                        "on it.")
+  flags.DEFINE_string("sft_dir", None, "Directory of the runs' parameters after SFT: read back "
+                      "when it holds those of runs with the same SFT fields (no SFT runs), "
+                      "else written there after SFT (experiments.sft_store).")
   flags.DEFINE_integer("warn_after", 10, "Warn when a run's RL trained nothing (the filter kept "
                        "no group) this many steps in a row.", lower_bound=1)
 
@@ -562,9 +585,12 @@ def main(argv):
   del argv
   fl = flags.FLAGS
   cli.check_writable(fl.workdir, "--workdir")  # written after the sweep: refused before it
+  if fl.sft_dir:
+    cli.check_writable(fl.sft_dir, "--sft_dir")
   common.setup_compilation_cache()
   summary = sweep(fl.config, fl.workdir, seeds=fl.seeds, sweep_spec=fl.sweep,
-                  batching=fl.batching, chunk=fl.chunk_steps, progress=True,
+                  batching=fl.batching, sft_dir=fl.sft_dir, chunk=fl.chunk_steps,
+                  progress=True,
                   warn_after=fl.warn_after)
   print(table(summary))
   print(f"seconds: {summary['seconds']}; summary: "

@@ -1,5 +1,6 @@
 """experiments.compare: config overrides and the comparison table."""
 
+import json
 import os
 import tempfile
 from unittest import mock
@@ -119,6 +120,29 @@ class SeedGridTest(absltest.TestCase):
     compare.plot_comparison([chain, tree], png)
     with open(png, "rb") as fh:
       self.assertEqual(fh.read(8), b"\x89PNG\r\n\x1a\n")
+
+  def test_seed_grid_cells_share_the_sft_directory_and_reread_finished_cells(self):
+    tmp = self.enterContext(tempfile.TemporaryDirectory())
+    finished = _seed_summary("starpo_s", [0.5, 0.25], [0.75, 0.5], [[1.0] * 10] * 2)
+    os.makedirs(os.path.join(tmp, "Bandit-v0_starpo_s"))
+    with open(os.path.join(tmp, "Bandit-v0_starpo_s", "sweep_summary.json"), "w") as f:
+      json.dump(finished, f)
+
+    def fake_sweep(config, workdir, **kwargs):
+      del workdir
+      summary = _seed_summary(config.algorithm, [0.5, 0.25], [0.5, 0.5], [[1.0] * 10] * 2)
+      return {**summary, "sft_params": {}, "params": {}, "frozen": []}
+
+    with mock.patch.object(compare.sweep, "sweep", side_effect=fake_sweep) as run, \
+         mock.patch.object(compare, "plot_comparison"):
+      text = compare._run_seeds(["Bandit-v0"], ["starpo_s", "ppo", "grpo"], [], tmp, 2)
+    # The finished cell is only re-read; the others run from <runs_dir>/<env>_sft.
+    self.assertEqual([c.args[0].algorithm for c in run.call_args_list], ["ppo", "grpo"])
+    for c in run.call_args_list:
+      self.assertEqual(c.kwargs["sft_dir"], os.path.join(tmp, "Bandit-v0_sft"))
+      self.assertNotIn("sft_params", c.kwargs)
+    self.assertEqual([line.split(" | ")[1] for line in text.splitlines()[2:]],
+                     ["starpo_s", "ppo", "grpo"])
 
 
 class EntryPointsTest(absltest.TestCase):

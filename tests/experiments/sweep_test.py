@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from experiments import experiment
+from experiments import fields
 from experiments import sweep
 from experiments.configs import tiny
 from tests import testenv
@@ -106,7 +107,9 @@ class SweepTest(absltest.TestCase):
   def setUpClass(cls):
     super().setUpClass()
     cls.root = tempfile.mkdtemp(prefix="sweep_test_")
-    cls.summary = sweep.sweep(_config(), cls.root, seeds=_SEEDS, batching="map")
+    cls.sft_dir = os.path.join(cls.root, "sft")
+    cls.summary = sweep.sweep(_config(), cls.root, seeds=_SEEDS, batching="map",
+                              sft_dir=cls.sft_dir)
     cls.separate = []
     for i in range(_SEEDS):
       c = _config()
@@ -139,15 +142,21 @@ class SweepTest(absltest.TestCase):
     self.check_rl_from_given_sft_params()
 
   def check_rl_from_given_sft_params(self):
-    # experiments.compare's algorithms share one SFT stage: RL from the given
-    # SFT parameters is the sweep's own RL (no SFT step runs: the SFT
-    # program is never called). The sweep above ran RL one step a call
-    # (eval.every = 0: a tenth of 2 steps); this one both steps in one call:
-    # the same runs, bit for bit.
+    # experiments.compare's algorithms share one SFT stage: RL from the SFT
+    # parameters that the sweep above wrote to its sft_dir is the sweep's own
+    # RL (no SFT step runs: the SFT program is never called). The sweep above
+    # ran RL one step a call (eval.every = 0: a tenth of 2 steps); this one
+    # both steps in one call: the same runs, bit for bit.
     self.assertEqual(sweep.chunk_steps(_config()), 1)
     with mock.patch.object(sweep, "sft_program", side_effect=AssertionError("SFT ran")):
-      again = sweep.sweep(_config(), None, seeds=_SEEDS, batching="map",
-                          sft_params=self.summary["sft_params"], chunk=2)
+      again = sweep.sweep(_config(), None, seeds=_SEEDS, batching="map", sft_dir=self.sft_dir,
+                          chunk=2)
+      # SFT fields other than the recorded ones: refused before anything runs.
+      other = _config()
+      other.sft.steps += 1
+      with self.assertRaisesRegex(fields.ConfigError, "run 0: sft.steps is 9, the recorded"):
+        sweep.sweep(other, None, seeds=_SEEDS, sft_dir=self.sft_dir)
+    _assert_params_close(again["sft_params"], self.summary["sft_params"], rtol=0, atol=0)
     _assert_params_close(again["params"], self.summary["params"], rtol=0, atol=0)
     self.assertEqual(json.dumps(again["runs"]), json.dumps(self.summary["runs"]))  # NaN too
     with self.assertRaisesRegex(ValueError, r"sft_params: leading axes \[1\], expected 2"):
