@@ -12,6 +12,7 @@ from experiments import compare
 from experiments import fields
 from experiments import sft_store
 from experiments.configs import tiny
+from jagent import models
 from jagent import train
 
 
@@ -71,6 +72,27 @@ class SaveLoadTest(absltest.TestCase):
       np.testing.assert_array_equal(np.asarray(got[k], np.float32), np.asarray(want, np.float32))
     with self.assertRaisesRegex(ValueError, "already exists"):
       sft_store.save(self.dir, self.configs, _params())
+
+  def test_lora_adapters_are_saved_without_their_bases(self):
+    # A shared-base sweep's SFT parameters are adapters without base (None);
+    # in a sweep whose runs keep their own base, the bases come back from the
+    # target (the runs' initial, frozen ones), as jagent.train.Checkpointer does.
+    lora = models.LoraConfig(rank=2)
+    pair = models.LoraPair(a=jnp.ones((2, 1, 3, 2)), b=jnp.full((2, 1, 2, 3), 0.25))
+    base = {"w": jnp.arange(6.0).reshape(2, 3)}
+    for saved_base, target_base in ((None, None), (base, jax.tree.map(jnp.negative, base))):
+      with self.subTest(shared_base=saved_base is None):
+        directory = os.path.join(self.dir, str(saved_base is None))
+        sft_store.save(directory, self.configs, models.LoraParams(saved_base, {"q": pair}, lora))
+        got = sft_store.load(directory, self.configs, lambda b=target_base: models.LoraParams(
+            b, {"q": jax.tree.map(jnp.zeros_like, pair)}, lora))
+        self.assertEqual(got.config, lora)
+        np.testing.assert_array_equal(got.adapters["q"].a, pair.a)
+        np.testing.assert_array_equal(got.adapters["q"].b, pair.b)
+        if target_base is None:
+          self.assertIsNone(got.base)
+        else:
+          np.testing.assert_array_equal(got.base["w"], target_base["w"])
 
   def test_other_sft_fields_are_refused_naming_the_field(self):
     sft_store.save(self.dir, self.configs, _params())
