@@ -214,13 +214,16 @@ def tree_rollout(program, config):
   round_of = np.full((t_max,), -1, np.int32)
   for i, (t, _, _, _) in enumerate(plan):
     round_of[t] = i
-  tab = lambda j: jnp.asarray(np.array([p[j] for p in plan], np.int32))  # noqa: E731
-  k_tab, e_tab, before_tab = tab(1), tab(2), tab(3)
-  slot = jnp.asarray(np.arange(b) % n, jnp.int32)
-  rows_b = jnp.arange(b, dtype=jnp.int32)
-  base = rows_b - slot
+  # NumPy here, jnp inside the traced functions: the rollout function may be
+  # built while a program traces (a program cache) and run in later traces,
+  # so it must close over no array that one trace made.
+  tab = lambda j: np.array([p[j] for p in plan], np.int32)  # noqa: E731
+  tables = (tab(1), tab(2), tab(3), np.arange(b, dtype=np.int32) % n,
+            np.arange(b, dtype=np.int32))
 
   def fork(t, carry, keys, owner, alive, sel_key):
+    k_tab, e_tab, before_tab, slot, rows_b = map(jnp.asarray, tables)
+    base = rows_b - slot
     r = jnp.asarray(round_of)[t]
     k, e, before = k_tab[r], e_tab[r], before_tab[r]
     rows = carry[4]
@@ -250,6 +253,7 @@ def tree_rollout(program, config):
 
   def rollout(params, key, reset_keys=None):
     carry, keys, aux = program.start(params, key, reset_keys, row_keys=True)
+    slot, rows_b = map(jnp.asarray, tables[3:])
     alive = slot == 0
     carry = _set_rows(carry, done=carry[4]["done"] | ~alive)
     owner = jnp.full((b, t_max), -1, jnp.int32)

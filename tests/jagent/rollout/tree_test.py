@@ -122,6 +122,35 @@ class TreeForkExactTest(parameterized.TestCase):
     self.assertEqual(samples[3]["tree_parents"], np.asarray(tree.tree_parent[3]).tolist())
     self.assertNotIn("tree", train.decode_samples(chain, TOK, num=1)[0])
 
+  @parameterized.parameters(True, False)
+  def test_built_in_one_trace_runs_in_later_traces(self, with_tree):
+    # A program cache (experiments.programs) builds the rollout function the
+    # first time a program traces and reuses it when a program traces again
+    # (a sweep's last, shorter chunk of RL steps; the next cell). The function
+    # must close over no array of the trace that built it: that trace's
+    # tracers would leak into the later ones (UnexpectedTracerError).
+    text_env = _text_env()
+    config = _config(greedy=True, tree=rollout.TreeConfig(fork_turns=(0, 2), branches=(2, 2)))
+    if not with_tree:
+      config = dataclasses.replace(config, tree=None)
+    params, key = random_params(3), jax.random.key(5)
+    built = []
+
+    def run(params, key):
+      if not built:
+        built.append(rollout.make_rollout(text_env, MICRO, config))
+      return built[0](params, key).tokens
+
+    first = jax.jit(run)(params, key)
+    again = jax.jit(run)(params, key)  # a new trace of the cached function
+    twice = jax.jit(lambda p, k: jax.vmap(run, in_axes=(None, 0))(p, k))(
+        params, jax.random.split(key, 2))
+    np.testing.assert_array_equal(np.asarray(first), np.asarray(again))
+    np.testing.assert_array_equal(
+        np.asarray(twice[0]),
+        np.asarray(rollout.make_rollout(text_env, MICRO, config)(
+            params, jax.random.split(key, 2)[0]).tokens))
+
   def _check_books(self, tree, chain, config):
     """Nodes, parents, depths, and each turn's tokens trained once, by its owner."""
     b, t_max = config.batch_size, config.max_turns
