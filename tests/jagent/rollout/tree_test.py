@@ -122,8 +122,7 @@ class TreeForkExactTest(parameterized.TestCase):
     self.assertEqual(samples[3]["tree_parents"], np.asarray(tree.tree_parent[3]).tolist())
     self.assertNotIn("tree", train.decode_samples(chain, TOK, num=1)[0])
 
-  @parameterized.parameters(True, False)
-  def test_built_in_one_trace_runs_in_later_traces(self, with_tree):
+  def test_built_in_one_trace_runs_in_later_traces(self):
     # A program cache (experiments.programs) builds the rollout function the
     # first time a program traces and reuses it when a program traces again
     # (a sweep's last, shorter chunk of RL steps; the next cell). The function
@@ -131,8 +130,6 @@ class TreeForkExactTest(parameterized.TestCase):
     # tracers would leak into the later ones (UnexpectedTracerError).
     text_env = _text_env()
     config = _config(greedy=True, tree=rollout.TreeConfig(fork_turns=(0, 2), branches=(2, 2)))
-    if not with_tree:
-      config = dataclasses.replace(config, tree=None)
     params, key = random_params(3), jax.random.key(5)
     built = []
 
