@@ -20,8 +20,8 @@ With ``--seeds=N`` (N >= 2) each cell is N seeds as one vmapped
 and every algorithm of an env starts RL from the same SFT parameters per seed
 (SFT reads no algorithm field: the env's first cell to run writes them to
 ``<runs_dir>/<env>_sft/``, :mod:`experiments.sft_store`, and every later cell,
-in this process or a later one, reads them back). The table gives mean +- std over the seeds and the in-group reward std
-of the last 20% of RL steps, and ``<runs_dir>/comparison_<env>.png`` draws
+in this process or a later one, reads them back). The table gives mean +- std
+over the seeds and the in-group reward std of the last 20% of RL steps, and ``<runs_dir>/comparison_<env>.png`` draws
 training success, in-group reward std, policy entropy and reply format per
 step: one line per algorithm (the mean of the seeds' EMA curves), the seeds'
 range shaded (RAGEN's Fig. 3 at our scale)::

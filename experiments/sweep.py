@@ -430,15 +430,15 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
       initial.extend(_initial_params(exps))
       return stages.stack_sharing_bases(initial)[0]
     sft_params = sft_store.load(sft_dir, [e.config for e in exps], target)
-    sft_dir = None if sft_params is not None else sft_dir  # None: nothing to write
   if sft_params is not None:
     params = sft_params
-    # An earlier shared-base sweep's adapters (no base): load their base once.
+    # An earlier shared-base sweep's adapters (no base): load their base once
+    # (the restore target above holds it already).
     lora = lambda x: isinstance(x, models.LoraParams)  # noqa: E731
     if any(x.base is None for x in jax.tree.leaves(params, is_leaf=lora) if lora(x)):
-      frozen = models.split_frozen(exp.init_params())[1]
+      frozen = models.split_frozen(initial[0] if initial else exp.init_params())[1]
   else:
-    initial = initial or _initial_params(exps)
+    initial = _initial_params(exps)
     if c.sft.steps:
       demos = [e.demonstrations() for e in exps]
       batches = [train.trajectory_batch(d) for d in demos]
@@ -452,9 +452,9 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
       frozen = models.split_frozen(initial[0])[1] if state_frozen else []
     else:
       params, frozen = stages.stack_sharing_bases(initial)
+    if sft_dir:  # SFT ran: later sweeps of these runs read it back
+      sft_store.save(sft_dir, [e.config for e in exps], params)
   params = sft_params = jax.block_until_ready(params)
-  if sft_dir:
-    sft_store.save(sft_dir, [e.config for e in exps], params)
   seconds["sft"] = time.perf_counter() - t0
 
   t0 = time.perf_counter()
@@ -590,8 +590,7 @@ def main(argv):
   common.setup_compilation_cache()
   summary = sweep(fl.config, fl.workdir, seeds=fl.seeds, sweep_spec=fl.sweep,
                   batching=fl.batching, sft_dir=fl.sft_dir, chunk=fl.chunk_steps,
-                  progress=True,
-                  warn_after=fl.warn_after)
+                  progress=True, warn_after=fl.warn_after)
   print(table(summary))
   print(f"seconds: {summary['seconds']}; summary: "
         f"{os.path.join(fl.workdir, 'sweep_summary.json')}")
