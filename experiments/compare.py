@@ -20,8 +20,11 @@ With ``--seeds=N`` (N >= 2) each cell is N seeds as one vmapped
 and every algorithm of an env starts RL from the same SFT parameters per seed
 (SFT reads no algorithm field: the env's first cell to run writes them to
 ``<runs_dir>/<env>_sft/``, :mod:`experiments.sft_store`, and every later cell,
-in this process or a later one, reads them back). The table gives mean +- std
-over the seeds and the in-group reward std of the last 20% of RL steps, and ``<runs_dir>/comparison_<env>.png`` draws
+in this process or a later one, reads them back). An env's cells are all
+evaluated on one level set, held out of every cell's training levels (cells
+with more RL steps train on more levels). The table gives mean +- std over the
+seeds and the in-group reward std of the last 20% of RL steps, and
+``<runs_dir>/comparison_<env>.png`` draws
 training success, in-group reward std, policy entropy and reply format per
 step: one line per algorithm (the mean of the seeds' EMA curves), the seeds'
 range shaded (RAGEN's Fig. 3 at our scale)::
@@ -197,8 +200,10 @@ def _run_seeds(envs, algorithms, overrides, runs_dir, seeds) -> str:
         with open(done) as f:
           summary = json.load(f)
       else:
+        # Every cell of an env is evaluated on one level set, held out of all the cells' levels.
+        others = [configs[env, a] for a in algorithms if a != algorithm]
         summary = sweep.sweep(config, workdir, seeds=seeds, progress=True,
-                              sft_dir=os.path.join(runs_dir, f"{env}_sft"))
+                              sft_dir=os.path.join(runs_dir, f"{env}_sft"), also_held_out=others)
         for k in ("sft_params", "params", "frozen"):
           summary.pop(k)
       env_rows.append(summary)

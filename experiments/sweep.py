@@ -352,10 +352,27 @@ def mean_std(xs) -> dict:
   return {"mean": float(np.mean(xs)), "std": float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0}
 
 
+def hold_out(exps, seeds: int, also_held_out=()) -> None:
+  """Gives every run one evaluation level set, held out of all their training levels.
+
+  Sets each ``exps[i].eval_keys`` and ``eval_levels_removed``
+  (:meth:`experiments.experiment.Experiment.held_out_keys`) to the levels of
+  the first run's plain set that no run trained on, nor any run of the sweeps
+  of ``also_held_out`` (base configs, each expanded to ``seeds`` runs by
+  :func:`run_configs`).
+  """
+  trained = [e.trained_reset_keys() for e in exps] + [
+      spec.trained_reset_keys(other) for base in also_held_out
+      for _, _, other in run_configs(base, seeds)[1]]
+  held, removed = exps[0].held_out_keys(jnp.concatenate(trained))
+  for e in exps:
+    e.eval_keys, e.eval_levels_removed = held, removed
+
+
 def sweep(config, workdir: str | None = None, *, seeds: int = 1,
           sweep_spec: str | None = None, batching: str = "vmap", sft_params=None,
-          sft_dir: str | None = None, chunk: int | None = None, progress: bool = False,
-          warn_after: int = 10) -> dict:
+          sft_dir: str | None = None, also_held_out=(), chunk: int | None = None,
+          progress: bool = False, warn_after: int = 10) -> dict:
   """Runs the sweep (see the module docstring); returns the summary.
 
   Args:
@@ -374,6 +391,10 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
       (:mod:`experiments.sft_store`): when it holds those of runs with the
       same SFT fields, RL starts from them; when it holds none, SFT runs and
       writes them there. Ignored when ``sft_params`` is given.
+    also_held_out: base configs of other sweeps (same ``seeds``) whose
+      training levels the evaluation levels avoid too, so that sweeps which
+      train on different levels (e.g. more RL steps) are evaluated on one
+      level set (:mod:`experiments.compare`). Used with ``eval.held_out``.
     chunk: RL steps per call of the RL program (:func:`chunk_steps`; None
       or 0: ``eval.every``, else a tenth of ``rl.steps``). The results do
       not depend on it.
@@ -458,10 +479,8 @@ def sweep(config, workdir: str | None = None, *, seeds: int = 1,
   seconds["sft"] = time.perf_counter() - t0
 
   t0 = time.perf_counter()
-  if c.eval.held_out:  # one level set, held out of every run's training levels
-    held, removed = exp.held_out_keys(jnp.concatenate([e.trained_reset_keys() for e in exps]))
-    for e in exps:
-      e.eval_keys, e.eval_levels_removed = held, removed
+  if c.eval.held_out:
+    hold_out(exps, seeds, also_held_out)
   eval_keys = jnp.stack([e.eval_key() for e in exps])
   say(f"sweep SFT: {seconds['sft']:.1f} s")
   sft_eval = _evaluate(exp, st, params, frozen, eval_keys, batching)

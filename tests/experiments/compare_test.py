@@ -141,6 +141,9 @@ class SeedGridTest(absltest.TestCase):
     for c in run.call_args_list:
       self.assertEqual(c.kwargs["sft_dir"], os.path.join(tmp, "Bandit-v0_sft"))
       self.assertNotIn("sft_params", c.kwargs)
+      # Evaluated on levels held out of the other cells' training levels too.
+      self.assertEqual(sorted(o.algorithm for o in c.kwargs["also_held_out"]),
+                       sorted({"starpo_s", "ppo", "grpo"} - {c.args[0].algorithm}))
     self.assertEqual([line.split(" | ")[1] for line in text.splitlines()[2:]],
                      ["starpo_s", "ppo", "grpo"])
 

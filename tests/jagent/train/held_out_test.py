@@ -6,6 +6,7 @@ import numpy as np
 
 import envs_jax
 from experiments import experiment
+from experiments import sweep
 from experiments.configs import tiny
 from jagent import rollout
 from jagent import train
@@ -68,6 +69,28 @@ class ExperimentHeldOutTest(absltest.TestCase):
     # The plain levels that are not trained ones stay, in order.
     self.assertEqual([lv for lv in held if lv in plain][:10],
                      [lv for lv in plain if lv not in seen][:10])
+
+  def test_a_sweep_holds_out_the_levels_of_the_sweeps_beside_it(self):
+    c = tiny.get_config("Sokoban-6x6-1box-v0,starpo_s")
+    c.rl.steps, c.sft.steps = 10, 0
+    c.eval.update(dict(num_levels=128, num_groups=64))
+    longer = tiny.get_config("Sokoban-6x6-1box-v0,grpo")
+    longer.rl.steps, longer.sft.steps = 60, 0
+    longer.eval.update(dict(num_levels=128, num_groups=64))
+    exps = [experiment.Experiment(c)]
+    sweep.hold_out(exps, 1)
+    own, own_removed = exps[0].eval_keys, exps[0].eval_levels_removed
+    sweep.hold_out(exps, 1, [longer])
+    exp = exps[0]
+    # The longer sweep's levels, derived independently: its RL steps' keys (same seed).
+    seen = set(_levels(exp.env, exp.text_env.env_params, jax.numpy.concatenate(
+        [rollout.group_reset_keys(exp.rl_key(s), longer.rollout.num_groups)
+         for s in range(longer.rl.steps)])))
+    held = _levels(exp.env, exp.text_env.env_params, exp.eval_keys)
+    self.assertLen(held, 128)
+    self.assertFalse(any(lv in seen for lv in held))
+    self.assertTrue(any(lv in seen for lv in _levels(exp.env, exp.text_env.env_params, own)))
+    self.assertGreater(exp.eval_levels_removed, own_removed)
 
 
 if __name__ == "__main__":
