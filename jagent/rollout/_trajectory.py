@@ -222,6 +222,35 @@ class Trajectory:
     has_row = jnp.any(jnp.asarray(self.row_valid, bool).reshape(b, -1), axis=1)
     return has_row | (self.end_reason != RUNNING)
 
+  def path_weights(self) -> jax.Array:
+    """float32 [B]: each played episode's probability of being the one path
+    sampled from its initial state, were each fork to keep one child at random.
+
+    A tree's leaves are not independent episodes: a root that ends before
+    its first fork is one episode, one that reaches a fork with K branches
+    is K, so a plain mean over leaves under-weights episodes that end early
+    (short successes). Weighting leaf b by ``prod_t 1 / fanout(parent of its
+    turn-t node)`` (fanout: the distinct nodes sampled from that parent; a
+    tree's initial state is the parent of its turn-0 nodes) makes each
+    tree's weights sum to 1 and a weighted mean an unbiased estimate of the
+    policy's per-episode expectation from that state, whichever nodes were
+    chosen to fork: each node's children continue it independently. A
+    chain's weights are :meth:`played` (all 1); slots are 0.
+    """
+    played = jnp.asarray(self.played(), jnp.float32)
+    if self.tree_node is None:
+      return played
+    b, t = self.tree_node.shape
+    taken = (jnp.arange(t)[None] < self.num_turns[:, None]) & (self.tree_node >= 0)
+    # Parent slots: nodes 0 .. B*T-1, then each tree's initial state.
+    tree = jnp.arange(b, dtype=jnp.int32) // self.tree_size
+    parent = jnp.where(self.tree_parent >= 0, self.tree_parent, b * t + tree[:, None])
+    parent = jnp.where(taken, parent, 0)
+    fanout = jnp.zeros(b * t + b // self.tree_size, jnp.float32).at[parent].add(
+        jnp.asarray(self.sampled_turns(), jnp.float32))
+    inv = jnp.where(taken, 1.0 / jnp.maximum(fanout[parent], 1.0), 1.0)
+    return played * jnp.prod(inv, axis=1)
+
   def sampled_turns(self) -> jax.Array:
     """bool [B, T]: the turns episode b's row sampled itself.
 
@@ -250,16 +279,19 @@ class Trajectory:
     ``format_valid_frac`` (over sampled turns), ``overflow_frac``, and
     ``end/<reason>`` shares.
 
-    Episode statistics are means over the played episodes (:meth:`played`),
-    turn statistics over the sampled turns (:meth:`sampled_turns`, each
-    turn of a tree once); for a chain rollout both are every episode and
-    every turn taken.
+    Episode statistics are means over the played episodes (:meth:`played`)
+    weighted by :meth:`path_weights`, so a tree's estimate the same
+    per-episode expectation as a chain's; turn statistics are over the
+    sampled turns (:meth:`sampled_turns`, each turn of a tree once). For a
+    chain rollout these are plain means over every episode and every turn
+    taken. ``reward_std_in_group`` is over the played episodes, unweighted
+    (the spread the advantages see).
     """
     g = self.group_size
     f32 = lambda x: jnp.asarray(x, jnp.float32)
     played = self.played()
-    w = f32(played)
-    mean = lambda x: jnp.sum(w * f32(x)) / jnp.maximum(jnp.sum(w), 1.0)  # noqa: E731
+    w = self.path_weights()
+    mean = lambda x: jnp.sum(w * f32(x)) / jnp.maximum(jnp.sum(w), 1e-30)  # noqa: E731
     turns = self.sampled_turns()
     per_turn = lambda num, den: jnp.sum(f32(num) * turns) / jnp.maximum(  # noqa: E731
         jnp.sum(f32(den) * turns), 1.0)
@@ -277,7 +309,7 @@ class Trajectory:
     }
     if g > 1:
       # The std over each group's played episodes (0 with fewer than two).
-      s, v = self.scores.reshape(-1, g), w.reshape(-1, g)
+      s, v = self.scores.reshape(-1, g), f32(played).reshape(-1, g)
       n = jnp.maximum(jnp.sum(v, axis=1, keepdims=True), 1.0)
       mu = jnp.sum(v * s, axis=1, keepdims=True) / n
       out["reward_std_in_group"] = jnp.mean(jnp.sqrt(jnp.sum(v * (s - mu) ** 2, axis=1) / n[:, 0]))

@@ -190,7 +190,8 @@ class TreeForkExactTest(parameterized.TestCase):
 
 
 class TreeMetricsTest(parameterized.TestCase):
-  """Rows no fork copied a node into are no episodes: every metric leaves them out.
+  """Rows no fork copied a node into are no episodes: every metric leaves them out,
+  and episode metrics weight each leaf by its path's probability.
 
   FrozenLake (slippery, random maps) under a policy that always answers
   ``Down || Right``: some roots fall in a hole or reach the goal at turn 0,
@@ -198,7 +199,7 @@ class TreeMetricsTest(parameterized.TestCase):
   """
 
   @parameterized.named_parameters(("full", -1), ("history1", 1))
-  def test_metrics_are_means_over_played_rows(self, history_turns):
+  def test_metrics_are_path_weighted_means_over_played_rows(self, history_turns):
     env, _ = envs_jax.make("FrozenLake-4x4-v0")
     text_env = rollout.TextEnv(env, TOK, rollout.PromptConfig.compact(
         think=False, max_actions_per_turn=2), verify_states=8)
@@ -222,10 +223,25 @@ class TreeMetricsTest(parameterized.TestCase):
                "actions": t.num_actions, "overflow_frac": t.overflow}
     by_hand.update({f"end/{r}": t.end_reason == i for i, r in enumerate(rollout.END_REASONS)
                     if i})
+    # Path weights by hand: a leaf's weight is the product, over its turns,
+    # of 1 / the number of distinct nodes sampled from that turn's parent
+    # (a tree's initial state for turn 0).
+    children = {}
+    for r in range(b):
+      for u in range(t.num_turns[r]):
+        p = int(t.tree_parent[r, u]) if u else ("root", r // traj.tree_size)
+        children.setdefault(p, set()).add(int(t.tree_node[r, u]))
+    w = np.zeros(b)
+    for r in np.flatnonzero(played):
+      w[r] = np.prod([1.0 / len(children[int(t.tree_parent[r, u]) if u else ("root", r // traj.tree_size)])
+                      for u in range(t.num_turns[r])])
+    np.testing.assert_allclose(w.reshape(-1, traj.tree_size).sum(axis=1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(traj.path_weights(), w, rtol=1e-6)
+    self.assertGreater(len(set(np.round(w[played], 6))), 1)  # not a plain mean
     for k, x in by_hand.items():
-      self.assertAlmostEqual(m[k], float(np.mean(x[played])), places=6, msg=k)
+      self.assertAlmostEqual(m[k], float(np.sum(w * x) / np.sum(w)), places=5, msg=k)
     self.assertGreater(m["success"], 0.0)  # the test can see a wrong denominator
-    self.assertNotAlmostEqual(m["turns"], float(np.mean(t.num_turns)), places=3)
+    self.assertNotAlmostEqual(m["turns"], float(np.mean(t.num_turns[played])), places=3)
     stds = [np.std(s[v]) for s, v in zip(t.scores.reshape(-1, g), played.reshape(-1, g))]
     self.assertAlmostEqual(m["reward_std_in_group"], float(np.mean(stds)), places=6)
     # Turn statistics: each node (a turn sampled once, by its owner) once.
