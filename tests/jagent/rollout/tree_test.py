@@ -233,8 +233,9 @@ class TreeMetricsTest(parameterized.TestCase):
         children.setdefault(p, set()).add(int(t.tree_node[r, u]))
     w = np.zeros(b)
     for r in np.flatnonzero(played):
-      w[r] = np.prod([1.0 / len(children[int(t.tree_parent[r, u]) if u else ("root", r // traj.tree_size)])
-                      for u in range(t.num_turns[r])])
+      parents = [int(t.tree_parent[r, u]) if u else ("root", r // traj.tree_size)
+                 for u in range(t.num_turns[r])]
+      w[r] = np.prod([1.0 / len(children[p]) for p in parents])
     np.testing.assert_allclose(w.reshape(-1, traj.tree_size).sum(axis=1), 1.0, rtol=1e-6)
     np.testing.assert_allclose(traj.path_weights(), w, rtol=1e-6)
     self.assertGreater(len(set(np.round(w[played], 6))), 1)  # not a plain mean
