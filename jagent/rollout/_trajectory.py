@@ -281,9 +281,9 @@ class Trajectory:
 
     Episode statistics are means over the played episodes (:meth:`played`)
     weighted by :meth:`path_weights`, so that a tree's means estimate what a
-    chain's plain means do; turn statistics are over the sampled turns (:meth:`sampled_turns`, each turn of a tree once). For a
-    chain rollout these are plain means over every episode and every turn
-    taken. ``reward_std_in_group`` is over the played episodes, unweighted
+    chain's plain means do; turn statistics are over the sampled turns
+    (:meth:`sampled_turns`, each turn of a tree once). For a chain rollout
+    these are plain means over every episode and every turn taken. ``reward_std_in_group`` is over the played episodes, unweighted
     (the spread the advantages see).
     """
     g = self.group_size
