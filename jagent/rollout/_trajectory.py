@@ -283,8 +283,9 @@ class Trajectory:
     weighted by :meth:`path_weights`, so that a tree's means estimate what a
     chain's plain means do; turn statistics are over the sampled turns
     (:meth:`sampled_turns`, each turn of a tree once). For a chain rollout
-    these are plain means over every episode and every turn taken. ``reward_std_in_group`` is over the played episodes, unweighted
-    (the spread the advantages see).
+    these are plain means over every episode and every turn taken.
+    ``reward_std_in_group`` is over the played episodes, unweighted (the
+    spread the advantages see).
     """
     g = self.group_size
     f32 = lambda x: jnp.asarray(x, jnp.float32)
